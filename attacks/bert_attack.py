@@ -1,0 +1,91 @@
+"""BERT-Attack (Li et al., 2020): substitutes proposed by a masked language model in context."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from functools import lru_cache
+
+import numpy as np
+import torch
+
+from flexsearch.attacks.base import OPERATORS, AttackResources, Position
+from flexsearch.attacks.constraints import editable_positions
+from flexsearch.attacks.textbugger import match_case, split_word
+from flexsearch.candidate import Candidate
+from flexsearch.errors import FlexsearchError
+
+
+@lru_cache(maxsize=2)
+def load_masked_lm(name: str):
+    from transformers import AutoModelForMaskedLM, AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(name)
+        model = AutoModelForMaskedLM.from_pretrained(name).eval()
+    except OSError as err:
+        raise FlexsearchError(f"bert_attack: cannot load masked LM '{name}': {err}") from None
+    if tokenizer.mask_token is None:
+        raise FlexsearchError(f"bert_attack: '{name}' has no mask token")
+    return tokenizer, model
+
+
+@OPERATORS.register("bert_attack")
+class BertAttack:
+    """Masked-LM substitutes (any Hugging Face fill-mask model), sub-word words handled piece by piece."""
+
+    edits_words = True
+
+    def __init__(self, resources: AttackResources, model: str = "bert-base-uncased", k: int = 8,
+                 positions: int = 2, per_position: int = 4, max_pieces: int = 3) -> None:
+        self.tokenizer, self.model = load_masked_lm(model)
+        self.k, self.positions, self.per_position, self.max_pieces = k, positions, per_position, max_pieces
+
+    def _piece_text(self, token_id: int) -> str:
+        return self.tokenizer.convert_ids_to_tokens(token_id)
+
+    @torch.inference_mode()
+    def substitutes(self, words: Sequence[str], index: int) -> list[str]:
+        """Top substitutes for words[index]: it is masked with one mask per sub-word piece, each piece's
+        top-k are combined and ranked by their summed log-probability (BERT-Attack's sub-word rule)."""
+        lead, word, trail = split_word(words[index])
+        pieces = self.tokenizer.tokenize(word)
+        if not word.isalpha() or not pieces or len(pieces) > self.max_pieces:
+            return []
+        masked = [*words[:index], f"{lead}{' '.join([self.tokenizer.mask_token] * len(pieces))}{trail}",
+                  *words[index + 1:]]
+        encoded = self.tokenizer(" ".join(masked), return_tensors="pt", truncation=True)
+        slots = (encoded["input_ids"][0] == self.tokenizer.mask_token_id).nonzero().flatten()
+        if len(slots) != len(pieces):  # the mask fell outside the model's window
+            return []
+        log_probs = torch.log_softmax(self.model(**encoded).logits[0, slots], dim=-1)
+        top = torch.topk(log_probs, self.k, dim=-1)
+        ranked = []
+        for combo in itertools.product(range(self.k), repeat=len(pieces)):
+            score = sum(float(top.values[p, c]) for p, c in enumerate(combo))
+            text = "".join(self._piece_text(int(top.indices[p, c])) for p, c in enumerate(combo))
+            ranked.append((score, text))
+        seen, out = {word.lower()}, []
+        for _, text in sorted(ranked, reverse=True):
+            if text.startswith("##"):  # a continuation piece cannot start a word
+                continue
+            candidate = text.replace("##", "")
+            if candidate.isalpha() and candidate.lower() not in seen:
+                seen.add(candidate.lower())
+                out.append(match_case(word, candidate))
+            if len(out) >= self.k:
+                break
+        return out
+
+    def propose(self, candidate: Candidate, rng: np.random.Generator,
+                positions: Sequence[Position] | None = None) -> list[Candidate]:
+        if positions is None:
+            allowed = editable_positions(candidate)
+            positions = [allowed[i] for i in sorted(rng.permutation(len(allowed))[: self.positions])]
+        children = []
+        for field_name, index in positions:
+            words = candidate.words(field_name)
+            lead, _, trail = split_word(words[index])
+            for substitute in self.substitutes(words, index)[: self.per_position]:
+                children.append(candidate.with_words(self.name, field_name, index, f"{lead}{substitute}{trail}"))
+        return children

@@ -1,0 +1,1 @@
+"""Preset search configurations (YAML), installed as flexsearch.configs."""

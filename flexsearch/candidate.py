@@ -1,0 +1,104 @@
+"""Candidates: an item plus the mutations applied to it, with the edit chain that rebuilds it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from flexsearch.items import Item
+
+WORD_FIELDS = ("context", "question")  # edited word by word
+SLOT_FIELDS = ("persona", "directive")  # replaced whole: the instruction placed before the question
+
+
+@dataclass(frozen=True)
+class Edit:
+    """One mutation: which operator changed which field (and word), from what to what."""
+
+    operator: str
+    field: str
+    position: int | None  # word index for WORD_FIELDS, None for SLOT_FIELDS
+    before: str
+    after: str
+    args: tuple[tuple[str, Any], ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"operator": self.operator, "field": self.field, "position": self.position,
+                "before": self.before, "after": self.after, "args": dict(self.args)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Edit:
+        return cls(operator=data["operator"], field=data["field"], position=data["position"],
+                   before=data["before"], after=data["after"], args=tuple(sorted(data.get("args", {}).items())))
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """An immutable prompt state. Words are kept as tuples so positions survive edits that add spaces."""
+
+    item: Item
+    context_words: tuple[str, ...]
+    question_words: tuple[str, ...]
+    persona: str = ""
+    directive: str = ""
+    option_order: tuple[int, int, int] = (0, 1, 2)  # displayed slot → answer index
+    edits: tuple[Edit, ...] = ()
+    parent: Candidate | None = field(default=None, compare=False, repr=False)
+
+    @classmethod
+    def root(cls, item: Item) -> Candidate:
+        return cls(item=item, context_words=tuple(item.context.split(" ")),
+                   question_words=tuple(item.question.split(" ")))
+
+    @property
+    def context(self) -> str:
+        return " ".join(self.context_words)
+
+    @property
+    def question(self) -> str:
+        return " ".join(self.question_words)
+
+    @property
+    def instruction(self) -> str:
+        return " ".join(part for part in (self.persona, self.directive) if part)
+
+    def words(self, field_name: str) -> tuple[str, ...]:
+        return self.context_words if field_name == "context" else self.question_words
+
+    def edited_positions(self) -> set[tuple[str, int]]:
+        return {(e.field, e.position) for e in self.edits if e.position is not None}
+
+    def apply(self, edit: Edit) -> Candidate:
+        """The child candidate with `edit` applied; the edit's `before` must match the current text."""
+        if edit.field in SLOT_FIELDS:
+            if getattr(self, edit.field) != edit.before:
+                raise ValueError(f"edit {edit.operator}: {edit.field} does not match its 'before' text")
+            changes: dict[str, Any] = {edit.field: edit.after}
+        elif edit.field in WORD_FIELDS:
+            words = list(self.words(edit.field))
+            if edit.position is None or not 0 <= edit.position < len(words) or words[edit.position] != edit.before:
+                raise ValueError(f"edit {edit.operator}: word {edit.position} of {edit.field} is not {edit.before!r}")
+            words[edit.position] = edit.after
+            changes = {f"{edit.field}_words": tuple(words)}
+        else:
+            raise ValueError(f"unknown edit field {edit.field!r}")
+        return replace(self, **changes, edits=(*self.edits, edit), parent=self)
+
+    def with_words(self, operator: str, field_name: str, position: int, after: str, **args: Any) -> Candidate:
+        """Shorthand for the common word substitution edit."""
+        before = self.words(field_name)[position]
+        return self.apply(Edit(operator, field_name, position, before, after, tuple(sorted(args.items()))))
+
+    def with_slot(self, operator: str, slot: str, text: str, **args: Any) -> Candidate:
+        return self.apply(Edit(operator, slot, None, getattr(self, slot), text, tuple(sorted(args.items()))))
+
+    def chain(self) -> list[dict[str, Any]]:
+        return [e.to_dict() for e in self.edits]
+
+
+def replay(item: Item, chain: list[dict[str, Any]], option_order: tuple[int, int, int] = (0, 1, 2)) -> Candidate:
+    """Rebuilds a candidate from its item and recorded edit chain."""
+    candidate = replace(Candidate.root(item), option_order=option_order)
+    for data in chain:
+        candidate = candidate.apply(Edit.from_dict(data))
+    return candidate

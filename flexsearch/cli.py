@@ -1,0 +1,131 @@
+"""The `flexsearch` command line: a thin layer over the Python API."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from flexsearch.errors import FlexsearchError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__, pretty_exceptions_enable=False)
+
+ModelOpt = Annotated[str, typer.Option(help="Hugging Face id, local directory, .gguf file, or 'smollm2'.")]
+AdapterOpt = Annotated[str | None, typer.Option(help="PEFT adapter directory applied on top of --model.")]
+DeviceOpt = Annotated[str | None, typer.Option(help="cpu, cuda, cuda:1... (default: cuda when available).")]
+DtypeOpt = Annotated[str | None, typer.Option(help="float32, bfloat16, float16 (default: bf16 on CUDA, fp32 on CPU).")]
+LimitOpt = Annotated[int | None, typer.Option(help="Use only the first N usable items.")]
+ModeOpt = Annotated[str, typer.Option(help="Prompt layout: plain (FLEX's bigbench text) or chat.")]
+OrdersOpt = Annotated[bool, typer.Option(help="Average over the three cyclic option orders.")]
+BatchOpt = Annotated[int, typer.Option(help="Prompts per forward pass (halved on out-of-memory).")]
+
+
+def _fail(err: Exception) -> None:
+    typer.secho(f"error: {err}", fg=typer.colors.RED, err=True)
+    raise typer.Exit(2)
+
+
+def _run_dir(out: Path | None, default_name: str) -> Path:
+    return out if out is not None else Path("runs") / default_name
+
+
+@app.command()
+def evaluate(
+    model: ModelOpt = "smollm2",
+    data: Annotated[str | None, typer.Option(help="BBQ .jsonl, FLEX .csv, or 'seed'.")] = None,
+    split: Annotated[Path | None, typer.Option(help="A split written by `flexsearch search` to re-score.")] = None,
+    out: Annotated[Path | None, typer.Option(help="Run directory (default runs/<data>-eval).")] = None,
+    limit: LimitOpt = None,
+    adapter: AdapterOpt = None,
+    device: DeviceOpt = None,
+    dtype: DtypeOpt = None,
+    mode: ModeOpt = "plain",
+    average_orders: OrdersOpt = True,
+    batch_size: BatchOpt = 16,
+    trust_remote_code: bool = False,
+) -> None:
+    """Score items clean (or re-score an emitted split) and report accuracy, bias and confounds."""
+    from flexsearch import api
+
+    try:
+        if (data is None) == (split is None):
+            raise FlexsearchError("give exactly one of --data or --split")
+        target = dict(model=model, adapter=adapter, device=device, dtype=dtype, trust_remote_code=trust_remote_code)
+        scoring = dict(mode=mode, average_orders=average_orders, batch_size=batch_size)
+        if split is not None:
+            run = _run_dir(out, f"{split.parent.name}-on-{Path(model).stem}")
+            table = api.evaluate_split(split, run, target, scoring, limit=limit)
+        else:
+            run = _run_dir(out, f"{Path(str(data)).stem}-eval")
+            table = api.evaluate_data(str(data), run, target, scoring, limit=limit)
+    except FlexsearchError as err:
+        _fail(err)
+    typer.echo(table)
+    typer.echo(f"wrote {run}/score.json")
+
+
+@app.command()
+def search(
+    model: ModelOpt = "smollm2",
+    data: Annotated[str, typer.Option(help="BBQ .jsonl, FLEX .csv, or 'seed'.")] = "seed",
+    config: Annotated[str, typer.Option(help="Preset name in configs/ (default, flex, textbugger, bert_attack, "
+                                             "templates_only) or a YAML path.")] = "default",
+    budget: Annotated[int | None, typer.Option(help="Prompts scored per item and objective.")] = None,
+    out: Annotated[Path | None, typer.Option(help="Run directory (default runs/<data>-<config>); "
+                                                  "an existing one resumes.")] = None,
+    limit: LimitOpt = None,
+    method: Annotated[str | None, typer.Option(help="greedy, beam or evolutionary.")] = None,
+    objective: Annotated[str | None, typer.Option(help="stereotype, anti_stereotype or untargeted.")] = None,
+    control: Annotated[bool | None, typer.Option(help="Also run the counter-stereotype control.")] = None,
+    seed: Annotated[int | None, typer.Option(help="Random seed.")] = None,
+    set_: Annotated[list[str] | None, typer.Option("--set", help="Override a config key: key=value "
+                                                                  "(e.g. scoring.batch_size=8).")] = None,
+    adapter: AdapterOpt = None,
+    device: DeviceOpt = None,
+    dtype: DtypeOpt = None,
+    trust_remote_code: bool = False,
+) -> None:
+    """Search adversarial prompts per item; write the FLEX-style split and the robustness score."""
+    from flexsearch import api
+    from flexsearch.config import load_config
+
+    try:
+        resolved = load_config(config, set_, budget=budget, method=method, objective=objective, control=control,
+                               seed=seed)
+        run = _run_dir(out, f"{Path(data).stem}-{Path(config).stem}")
+        target = dict(model=model, adapter=adapter, device=device, dtype=dtype, trust_remote_code=trust_remote_code)
+        table = api.search(data, run, target, resolved, limit=limit)
+    except FlexsearchError as err:
+        _fail(err)
+    typer.echo(table)
+    typer.echo(f"wrote {run}/split.csv, split.jsonl, score.json, trace.jsonl, config.yaml")
+
+
+@app.command()
+def mutate(
+    item: Annotated[str, typer.Option(help="Item id (see predictions.jsonl), or its 0-based index.")] = "0",
+    operator: Annotated[str, typer.Option(help="Operator name (see `flexsearch list`).")] = "textbugger",
+    n: Annotated[int, typer.Option(help="How many accepted mutations to print.")] = 10,
+    data: Annotated[str, typer.Option(help="BBQ .jsonl, FLEX .csv, or 'seed'.")] = "seed",
+    set_: Annotated[list[str] | None, typer.Option("--set", help="Operator setting key=value.")] = None,
+    seed: int = 0,
+) -> None:
+    """Print accepted mutations of one item by one operator, with their edits (no model needed)."""
+    from flexsearch import api
+
+    try:
+        typer.echo(api.mutate(data, item, operator, n, set_ or [], seed))
+    except FlexsearchError as err:
+        _fail(err)
+
+
+@app.command("list")
+def list_registered() -> None:
+    """Show registered attack operators, constraints, objectives and search methods."""
+    from flexsearch.api import registries
+
+    for kind, entries in registries().items():
+        typer.echo(f"{kind}:")
+        for name, description in entries.items():
+            typer.echo(f"  {name:<22} {description}")

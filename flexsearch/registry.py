@@ -1,0 +1,47 @@
+"""A small name → class registry with a decorator and did-you-mean errors."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Callable, Iterator
+from typing import Generic, TypeVar
+
+from flexsearch.errors import FlexsearchError
+
+T = TypeVar("T")
+
+
+class Registry(Generic[T]):
+    """Holds named classes of one kind (operators, constraints, objectives...)."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self._entries: dict[str, type[T]] = {}
+
+    def register(self, name: str) -> Callable[[type[T]], type[T]]:
+        def decorator(cls: type[T]) -> type[T]:
+            if name in self._entries:
+                raise ValueError(f"{self.kind} '{name}' is registered twice")
+            self._entries[name] = cls
+            cls.name = name  # type: ignore[attr-defined]
+            return cls
+
+        return decorator
+
+    def get(self, name: str) -> type[T]:
+        if name not in self._entries:
+            close = difflib.get_close_matches(name, list(self._entries), n=1)
+            hint = f" Did you mean '{close[0]}'?" if close else ""
+            known = ", ".join(sorted(self._entries))
+            raise FlexsearchError(f"unknown {self.kind} '{name}'.{hint} Known: {known}")
+        return self._entries[name]
+
+    def describe(self) -> dict[str, str]:
+        """Name → first line of the class docstring, for `flexsearch list`."""
+        return {name: (cls.__doc__ or "").strip().splitlines()[0] for name, cls in sorted(self._entries.items())}
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(sorted(self._entries))
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._entries

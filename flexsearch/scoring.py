@@ -1,0 +1,201 @@
+"""One-pass answer scoring (DESIGN.md "Scoring").
+
+Each rendered prompt gets one forward pass; the next-token distribution at the answer position,
+restricted to the three option-letter tokens and renormalised, is mapped back through the option
+order to P(answer). Prompts are deduplicated by a cache keyed by the rendered text; prompts that
+share a long token prefix (an instruction template, a context) compute that prefix's key/value
+cache once and score only their suffixes.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+import numpy as np
+import torch
+
+from flexsearch.candidate import Candidate
+from flexsearch.errors import FlexsearchError
+from flexsearch.model import TargetModel
+from flexsearch.render import LETTERS, PromptFormat, cyclic_orders, render
+
+
+@dataclass
+class Scores:
+    """Answer distributions for a list of candidates."""
+
+    probs: np.ndarray  # (N, 3): P(answer index), averaged over option orders when asked
+    fresh: np.ndarray  # (N,): prompts actually forwarded for each candidate (cache misses)
+    letters: np.ndarray  # (N, orders, 3): P(A), P(B), P(C) of each rendered prompt, for letter bias
+
+
+def letter_token_ids(tokenizer, answer_prefix: str) -> list[int]:
+    """The token that spells each option letter right after the answer prefix."""
+    base = tokenizer.encode(answer_prefix, add_special_tokens=False)
+    ids = []
+    for letter in LETTERS:
+        extended = tokenizer.encode(answer_prefix + letter, add_special_tokens=False)
+        if extended[: len(base)] != base or len(extended) != len(base) + 1:
+            raise FlexsearchError(
+                f"option letter {letter!r} is not a single token after {answer_prefix!r} for this tokenizer; "
+                "choose another answer_prefix (e.g. 'Answer:' to score ' A')"
+            )
+        ids.append(extended[-1])
+    if len(set(ids)) != 3:
+        raise FlexsearchError("the three option letters share a token")
+    return ids
+
+
+def shared_prefix_groups(sequences: Sequence[Sequence[int]], min_prefix: int) -> list[tuple[int, list[int]]]:
+    """Groups sequence indices that share a token prefix of at least `min_prefix` tokens.
+
+    Returns (prefix length, indices) pairs; prefix length 0 means "score the full sequences" (one
+    group gathers all prompts that share no long prefix). The prefix always leaves at least one
+    token of every member to score.
+    """
+    order = sorted(range(len(sequences)), key=lambda i: tuple(sequences[i]))
+    groups: list[tuple[int, list[int]]] = []
+    for index in order:
+        seq = sequences[index]
+        if groups:
+            prefix_len, members = groups[-1]  # a lone member's "prefix" is all but its last token
+            first = sequences[members[0]]
+            limit = min(prefix_len, len(seq) - 1)
+            common = 0
+            while common < limit and first[common] == seq[common]:
+                common += 1
+            if common >= min_prefix:
+                groups[-1] = (common, [*members, index])
+                continue
+        groups.append((len(seq) - 1, [index]))
+    shared = [(prefix_len, members) for prefix_len, members in groups if len(members) > 1]
+    alone = [members[0] for _, members in groups if len(members) == 1]
+    return shared + ([(0, alone)] if alone else [])  # prompts with no partner batch together
+
+
+class Scorer:
+    """Renders candidates and returns their answer distributions; counts every prompt it scores."""
+
+    def __init__(
+        self,
+        target: TargetModel,
+        fmt: PromptFormat | None = None,
+        *,
+        batch_size: int = 16,
+        average_orders: bool = False,
+        prefix_reuse: bool = True,
+        min_shared_prefix: int = 16,
+    ) -> None:
+        self.target = target
+        self.fmt = fmt or PromptFormat()
+        self.batch_size = batch_size
+        self.average_orders = average_orders
+        self.prefix_reuse = prefix_reuse
+        self.min_shared_prefix = min_shared_prefix
+        self.letter_ids = letter_token_ids(target.tokenizer, self.fmt.answer_prefix)
+        self._prefix_tail = target.tokenizer.encode(self.fmt.answer_prefix, add_special_tokens=False)[-1]
+        self.queries = 0  # prompts forwarded through the model (cache hits are free)
+        self._cache: dict[str, np.ndarray] = {}
+
+    @property
+    def prompts_per_candidate(self) -> int:
+        return 3 if self.average_orders else 1
+
+    def prompts(self, candidate: Candidate) -> list[tuple[str, tuple[int, int, int]]]:
+        orders = cyclic_orders(candidate.option_order) if self.average_orders else [candidate.option_order]
+        tokenizer = self.target.tokenizer
+        return [(render(_reordered(candidate, order), tokenizer, self.fmt), order) for order in orders]
+
+    def score(self, candidates: Sequence[Candidate]) -> Scores:
+        rendered = [self.prompts(c) for c in candidates]
+        flat = [prompt for per_candidate in rendered for prompt, _ in per_candidate]
+        missing = list(dict.fromkeys(p for p in flat if p not in self._cache))
+        fresh_prompts = set(missing)
+        if missing:
+            for prompt, row in zip(missing, self.letter_probs_uncached(missing), strict=True):
+                self._cache[prompt] = row
+        probs = np.zeros((len(candidates), 3))
+        fresh = np.zeros(len(candidates), dtype=int)
+        letters = np.array([[self._cache[p] for p, _ in per_candidate] for per_candidate in rendered])
+        for i, per_candidate in enumerate(rendered):
+            for prompt, order in per_candidate:
+                if prompt in fresh_prompts:
+                    fresh[i] += 1
+                    fresh_prompts.discard(prompt)  # a prompt shared by two candidates is paid once
+                for slot, answer in enumerate(order):
+                    probs[i, answer] += self._cache[prompt][slot] / len(per_candidate)
+        return Scores(probs=probs, fresh=fresh, letters=letters.reshape(len(candidates), -1, 3))
+
+    def letter_probs_uncached(self, prompts: Sequence[str]) -> np.ndarray:
+        """P(A), P(B), P(C) for each prompt (letters in displayed order); no caching."""
+        add_special = self.fmt.mode == "plain"  # a chat template already holds its special tokens
+        sequences = [self.target.tokenizer.encode(p, add_special_tokens=add_special) for p in prompts]
+        for prompt, seq in zip(prompts, sequences, strict=True):
+            if seq[-1] != self._prefix_tail:
+                raise FlexsearchError(f"prompt does not end in the answer prefix token: ...{prompt[-40:]!r}")
+        result = np.zeros((len(sequences), 3))
+        everything = [(0, list(range(len(sequences))))]
+        groups = shared_prefix_groups(sequences, self.min_shared_prefix) if self.prefix_reuse else everything
+        for prefix_len, members in groups:
+            members = sorted(members, key=lambda i: len(sequences[i]))  # similar lengths → little padding
+            prefix_cache = self._prefix_cache(sequences[members[0]][:prefix_len]) if prefix_len else None
+            suffixes = [sequences[i][prefix_len:] for i in members]
+            result[members] = self._run_batches(prefix_cache, prefix_len, suffixes)
+        self.queries += len(sequences)
+        return result
+
+    @torch.inference_mode()
+    def _prefix_cache(self, prefix: list[int]):
+        ids = torch.tensor([prefix], device=self.target.device)
+        return self.target.model(input_ids=ids, use_cache=True).cache
+
+    def _run_batches(self, prefix_cache, prefix_len: int, suffixes: list[list[int]]) -> np.ndarray:
+        """Scores suffixes in batches, halving the batch size on out-of-memory."""
+        out: list[np.ndarray] = []
+        start = 0
+        while start < len(suffixes):
+            chunk = suffixes[start : start + self.batch_size]
+            try:
+                out.append(self._run(prefix_cache, prefix_len, chunk))
+            except torch.OutOfMemoryError:
+                if self.batch_size == 1:
+                    raise
+                self.batch_size //= 2
+                if torch.cuda.is_available():
+                    torch.cuda.empty_cache()
+                continue
+            start += len(chunk)
+        return np.concatenate(out)
+
+    @torch.inference_mode()
+    def _run(self, prefix_cache, prefix_len: int, suffixes: list[list[int]]) -> np.ndarray:
+        device = self.target.device
+        width = max(len(s) for s in suffixes)
+        ids = torch.full((len(suffixes), width), self.target.tokenizer.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(suffixes), prefix_len + width), dtype=torch.long)
+        mask[:, :prefix_len] = 1
+        for row, suffix in enumerate(suffixes):  # left padding: every prompt ends at the last column
+            ids[row, width - len(suffix) :] = torch.tensor(suffix)
+            mask[row, prefix_len + width - len(suffix) :] = 1
+        # Positions count real tokens only, so padding never shifts a prompt (batched == unbatched).
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, prefix_len:]
+        cache = None
+        if prefix_cache is not None:
+            cache = copy.deepcopy(prefix_cache)
+            cache.batch_repeat_interleave(len(suffixes))
+        logits = self.target.model(
+            input_ids=ids.to(device),
+            attention_mask=mask.to(device),
+            position_ids=positions.to(device),
+            cache=cache,
+            use_cache=cache is not None,
+            logits_to_keep=1,
+        ).logits[:, -1, :]
+        letters = logits[:, self.letter_ids].float()
+        return torch.softmax(letters, dim=-1).cpu().numpy().astype(np.float64)
+
+
+def _reordered(candidate: Candidate, order: tuple[int, int, int]) -> Candidate:
+    return candidate if order == candidate.option_order else replace(candidate, option_order=order)

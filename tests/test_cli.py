@@ -1,0 +1,34 @@
+"""The command line: evaluate writes a run directory; bad input is one line, exit code 2."""
+
+from __future__ import annotations
+
+import json
+
+from typer.testing import CliRunner
+
+from flexsearch.cli import app
+
+runner = CliRunner()
+
+
+def test_evaluate_writes_score_and_predictions(tiny_model_dir, tmp_path):
+    out = tmp_path / "run"
+    result = runner.invoke(app, ["evaluate", "--model", str(tiny_model_dir), "--data", "seed", "--limit", "12",
+                                 "--out", str(out), "--device", "cpu"])
+    assert result.exit_code == 0, result.output
+    assert "overall" in result.output and "items: 12 scored, 0 skipped" in result.output
+    score = json.loads((out / "score.json").read_text())
+    assert score["n_items"] == 12 and 0 <= score["accuracy"]["value"] <= 1
+    assert set(score["letter_bias"]) == {"A", "B", "C"} and "per_category" in score
+    rows = [json.loads(line) for line in (out / "predictions.jsonl").read_text().splitlines()]
+    assert len(rows) == 12 and abs(sum(rows[0]["probs"]) - 1) < 1e-4
+
+
+def test_bad_input_is_one_line_without_traceback(tiny_model_dir, tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"example_id": 1}\n')
+    result = runner.invoke(app, ["evaluate", "--model", str(tiny_model_dir), "--data", str(bad), "--out",
+                                 str(tmp_path / "r")])
+    assert result.exit_code == 2
+    assert f"error: {bad}:1: field 'ans0': missing field" in result.output
+    assert "Traceback" not in result.output and not (tmp_path / "r").exists()

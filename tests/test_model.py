@@ -1,0 +1,59 @@
+"""Target-model runtime: local directories, PEFT adapters, and the embedded GGUF model with its cache."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from flexsearch.candidate import Candidate
+from flexsearch.errors import FlexsearchError
+from flexsearch.model import load_target, resolve_gguf
+from flexsearch.scoring import Scorer
+
+
+def test_local_directory_loads_fp32_left_padded(tiny_target):
+    assert tiny_target.model.dtype == torch.float32
+    assert tiny_target.tokenizer.padding_side == "left"
+    assert tiny_target.info["device"] == "cpu"
+
+
+def test_adapter_changes_the_answers(tiny_model_dir, tiny_target, seed_items, tmp_path):
+    from peft import LoraConfig, get_peft_model
+
+    torch.manual_seed(1)
+    base = load_target(str(tiny_model_dir), device="cpu").model
+    peft_model = get_peft_model(base, LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
+    peft_model.save_pretrained(tmp_path / "adapter")
+    adapted = load_target(str(tiny_model_dir), adapter=str(tmp_path / "adapter"), device="cpu")
+    candidates = [Candidate.root(it) for it in seed_items[:4]]
+    plain = Scorer(tiny_target).score(candidates).probs
+    tuned = Scorer(adapted).score(candidates).probs
+    assert adapted.info["adapter"].endswith("adapter")
+    assert np.abs(plain - tuned).max() > 1e-4
+
+
+def test_unknown_model_and_dtype_fail_clearly(tmp_path):
+    with pytest.raises(FlexsearchError, match="cannot load model"):
+        load_target(str(tmp_path / "missing-model"), device="cpu")
+    with pytest.raises(FlexsearchError, match="unknown dtype"):
+        load_target("smollm2", dtype="int3")
+    with pytest.raises(FlexsearchError, match="GGUF file not found"):
+        resolve_gguf(str(tmp_path / "x.gguf"), None)
+
+
+@pytest.mark.slow
+def test_embedded_gguf_is_converted_once_and_cached(smollm2, monkeypatch):
+    assert smollm2.info["gguf_sha256"] and "SmolLM2" in smollm2.info["gguf_file"]
+    import transformers
+
+    original = transformers.AutoModelForCausalLM.from_pretrained
+
+    def no_conversion(source, *args, **kwargs):
+        assert "gguf_file" not in kwargs, "the cached conversion was not reused"
+        return original(source, *args, **kwargs)
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", no_conversion)
+    again = load_target("smollm2", device="cpu")
+    assert again.info["path"] == smollm2.info["path"]
+    assert sum(p.numel() for p in again.model.parameters()) > 100_000_000

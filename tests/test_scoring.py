@@ -1,0 +1,116 @@
+"""One-pass scoring: batching, the restricted softmax, option orders, prefix reuse, OOM halving."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+
+from flexsearch.candidate import Candidate
+from flexsearch.errors import FlexsearchError
+from flexsearch.render import PromptFormat, render
+from flexsearch.scoring import Scorer, letter_token_ids, shared_prefix_groups
+
+
+def roots(items, n=8):
+    return [Candidate.root(it) for it in items[:n]]
+
+
+def test_batched_equals_unbatched(tiny_target, seed_items):
+    candidates = roots(seed_items, 10)
+    one = Scorer(tiny_target, batch_size=1, prefix_reuse=False).score(candidates).probs
+    many = Scorer(tiny_target, batch_size=8, prefix_reuse=False).score(candidates).probs
+    assert np.abs(one - many).max() < 1e-5
+    assert np.allclose(one.sum(-1), 1.0)
+    assert len({tuple(np.round(p, 6)) for p in one}) > 1  # the fixture model is not constant
+
+
+def test_restricted_softmax_equals_full_vocabulary(tiny_target, seed_items):
+    scorer = Scorer(tiny_target, batch_size=4, prefix_reuse=False)
+    candidate = roots(seed_items, 1)[0]
+    got = scorer.score([candidate]).probs[0]
+    ids = tiny_target.tokenizer(render(candidate, tiny_target.tokenizer, scorer.fmt), return_tensors="pt")
+    with torch.no_grad():
+        full = torch.softmax(tiny_target.model(**ids).logits[0, -1].double(), -1)
+    letters = full[scorer.letter_ids]
+    assert np.abs(got - (letters / letters.sum()).numpy()).max() < 1e-5
+
+
+def test_option_permutation_maps_back_to_answers(tiny_scorer, seed_items):
+    candidate = roots(seed_items, 1)[0]
+    rotated = replace(candidate, option_order=(2, 0, 1))
+    letters = tiny_scorer.score([rotated]).letters[0, 0]
+    probs = tiny_scorer.score([rotated]).probs[0]
+    # slot s shows answer order[s]: P(answer order[s]) must equal P(letter s)
+    assert np.allclose([probs[2], probs[0], probs[1]], letters)
+    prompt = render(rotated, tiny_scorer.target.tokenizer, tiny_scorer.fmt)
+    answers = candidate.item.answers
+    assert f"(A) {answers[2]}\n(B) {answers[0]}\n(C) {answers[1]}" in prompt
+
+
+def test_order_averaging_is_order_invariant(tiny_target, seed_items):
+    scorer = Scorer(tiny_target, average_orders=True)
+    candidate = roots(seed_items, 1)[0]
+    a = scorer.score([candidate]).probs[0]
+    b = scorer.score([replace(candidate, option_order=(1, 2, 0))]).probs[0]
+    assert np.abs(a - b).max() < 1e-6
+    assert scorer.queries == 3  # the rotation reuses the three cached prompts
+
+
+def test_prefix_reuse_matches_full_scoring(tiny_target, seed_items):
+    base = replace(roots(seed_items, 1)[0], persona="You are a careful and fair assistant who reads every option.")
+    variants = [base.with_words("test", "question", k, w) for k, w in enumerate(["Which", "Whom", "Who"])]
+    variants += [base.with_words("test", "question", 1, "person"), base]
+    plain = Scorer(tiny_target, prefix_reuse=False, batch_size=2).score(variants).probs
+    reused = Scorer(tiny_target, prefix_reuse=True, batch_size=2, min_shared_prefix=8).score(variants).probs
+    assert np.abs(plain - reused).max() < 1e-5
+
+
+def test_shared_prefix_groups():
+    seqs = [[1, 2, 3, 4, 5], [1, 2, 3, 9], [7, 8], [1, 2, 3, 4, 6]]
+    groups = shared_prefix_groups(seqs, min_prefix=3)
+    assert {tuple(sorted(m)): p for p, m in groups} == {(0, 1, 3): 3, (2,): 0}
+    assert shared_prefix_groups([[1, 2], [3, 4], [5, 6, 7]], 2) == [(0, [0, 1, 2])]
+    # the prefix never swallows a whole sequence
+    assert shared_prefix_groups([[1, 2, 3], [1, 2, 3, 4]], 2) == [(2, [0, 1])]
+
+
+def test_cache_counts_each_prompt_once(tiny_scorer, seed_items):
+    candidates = roots(seed_items, 3)
+    first = tiny_scorer.score([*candidates, candidates[0]])
+    assert list(first.fresh) == [1, 1, 1, 0] and tiny_scorer.queries == 3
+    again = tiny_scorer.score(candidates)
+    assert list(again.fresh) == [0, 0, 0] and tiny_scorer.queries == 3
+    assert np.allclose(again.probs, first.probs[:3])
+
+
+def test_out_of_memory_halves_the_batch(tiny_target, seed_items, monkeypatch):
+    scorer = Scorer(tiny_target, batch_size=8, prefix_reuse=False)
+    original = Scorer._run
+
+    def limited(self, prefix_cache, prefix_len, suffixes):
+        if len(suffixes) > 2:
+            raise torch.OutOfMemoryError("simulated")
+        return original(self, prefix_cache, prefix_len, suffixes)
+
+    monkeypatch.setattr(Scorer, "_run", limited)
+    probs = scorer.score(roots(seed_items, 6)).probs
+    assert scorer.batch_size == 2
+    expected = Scorer(tiny_target, batch_size=1, prefix_reuse=False).score(roots(seed_items, 6)).probs
+    monkeypatch.undo()
+    assert np.abs(probs - expected).max() < 1e-5
+
+
+def test_letter_that_is_not_one_token_fails_clearly(tiny_target):
+    with pytest.raises(FlexsearchError, match="not a single token"):
+        letter_token_ids(tiny_target.tokenizer, "Answer: ")  # ' A' may merge; a bare prefix with no '('
+    assert len(set(letter_token_ids(tiny_target.tokenizer, "Answer: ("))) == 3
+
+
+def test_chat_mode_wraps_in_the_template(tiny_target, seed_items):
+    scorer = Scorer(tiny_target, PromptFormat(mode="chat"))
+    prompt = scorer.prompts(roots(seed_items, 1)[0])[0][0]
+    assert prompt.startswith("<|user|>Q: ") and prompt.endswith("<|assistant|>Answer: (")
+    assert np.allclose(scorer.score(roots(seed_items, 2)).probs.sum(-1), 1)
