@@ -129,3 +129,7 @@ def list_registered() -> None:
         typer.echo(f"{kind}:")
         for name, description in entries.items():
             typer.echo(f"  {name:<22} {description}")
+
+
+if __name__ == "__main__":  # `python -m flexsearch.cli`, used by the resume test
+    app()

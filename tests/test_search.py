@@ -1,0 +1,152 @@
+"""The search end to end on the tiny model: split, score, control, rebuildable prompts, resume after kill."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from flexsearch import api
+from flexsearch.candidate import replay
+from flexsearch.cli import app
+from flexsearch.config import load_config
+from flexsearch.errors import FlexsearchError
+from flexsearch.items import load_items
+from flexsearch.render import render
+from flexsearch.scoring import Scorer
+from flexsearch.search import build_context, run_search
+from flexsearch.split import load_split
+
+runner = CliRunner()
+FAST = ["--set", "constraints=[protected_spans, unique_positions, polarity_guard]",
+        "--set", "operators=[{name: persona, n: 2}, {name: instruction, n: 2}, "
+                 "{name: textbugger, bugs: [insert, delete, swap, sub_c], positions: 1, per_position: 2}]"]
+
+
+def run_cli(args: list[str]) -> str:
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tiny_model_dir, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("runs") / "tiny"
+    output = run_cli(["search", "--model", str(tiny_model_dir), "--data", "seed", "--limit", "10", "--budget", "14",
+                      "--out", str(out), *FAST])
+    assert "fairness gap" in output and "control ASR" in output
+    return out
+
+
+def test_run_directory_holds_split_score_trace_and_config(tiny_run):
+    assert {p.name for p in tiny_run.iterdir()} >= {"split.csv", "split.jsonl", "score.json", "trace.jsonl",
+                                                     "config.yaml"}
+    frame = pd.read_csv(tiny_run / "split.csv", index_col=0)
+    assert len(frame) == 10
+    assert {"ctx", "q_text", "sent_more", "sent_less", "bias_type", "a", "b", "c", "label", "attack",
+            "attack_type", "attack_success", "prompt", "attack_chain", "p_target_clean", "p_target_attacked",
+            "queries", "item_id"} <= set(frame.columns)
+    score = json.loads((tiny_run / "score.json").read_text())
+    for key in ("clean", "attacked", "stereotype", "anti_stereotype", "fairness_gap", "per_category"):
+        assert key in score
+    assert score["stereotype"]["asr_vs_budget"] and score["stereotype"]["queries"]["mean"] <= 14
+    trace = [json.loads(line) for line in (tiny_run / "trace.jsonl").read_text().splitlines()]
+    assert {(r["objective"]) for r in trace} == {"stereotype", "anti_stereotype"} and len(trace) == 20
+
+
+def test_split_prompts_rebuild_and_rescore(tiny_run, tiny_target):
+    rows = load_split(tiny_run / "split.jsonl")
+    scorer = Scorer(tiny_target, average_orders=True)
+    fresh = scorer.score([r.candidate for r in rows]).probs
+    items = {it.id: it for it in load_items("seed", limit=10).items}
+    for row, probs in zip(rows, fresh, strict=True):
+        assert render(row.candidate, tiny_target.tokenizer, scorer.fmt) == row.record["prompt"]
+        assert abs(probs[row.item.target] - row.record["p_target_attacked"]) < 1e-5
+        original = items[row.item.id]
+        assert row.item.answers == original.answers and row.item.gold == original.gold  # gold unchanged
+        assert row.record[["a", "b", "c"][row.record["label"]]] == original.answers[original.gold]
+    assert any(r.candidate.edits for r in rows)
+    csv_rows = load_split(tiny_run / "split.csv")
+    assert [r.candidate.chain() for r in csv_rows] == [r.candidate.chain() for r in rows]
+
+
+def test_evaluate_split_transfers_to_another_model(tiny_run, tiny_model_dir, tmp_path):
+    output = run_cli(["evaluate", "--model", str(tiny_model_dir), "--split", str(tiny_run / "split.jsonl"),
+                      "--out", str(tmp_path / "transfer")])
+    score = json.loads((tmp_path / "transfer" / "score.json").read_text())
+    searched = json.loads((tiny_run / "score.json").read_text())
+    assert "ASR" in output
+    # The same model re-scores the split to the same numbers.
+    assert score["stereotype"]["asr"]["value"] == searched["stereotype"]["asr"]["value"]
+    assert score["clean"]["accuracy"]["value"] == searched["clean"]["accuracy"]["value"]
+
+
+@pytest.mark.parametrize("method", ["greedy", "beam", "evolutionary"])
+def test_every_method_respects_the_budget_and_is_deterministic(tiny_target, seed_items, method):
+    config = load_config("default", FAST[1::2], method=method, budget=12, control=False)
+    outcomes = []
+    for batch in (4, 3):
+        scorer = Scorer(tiny_target, average_orders=True)
+        ctx = build_context(replace(config, item_batch=batch), scorer, "stereotype")
+        outcomes.append(run_search(seed_items[:6], ctx, "stereotype"))
+    for first, second in zip(*outcomes, strict=True):
+        assert first.queries <= 12
+        assert first.best.chain() == second.best.chain()  # batching does not change the result
+        assert np.abs(first.best_probs - second.best_probs).max() < 1e-5
+    assert any(o.best.edits for o in outcomes[0])
+
+
+def test_config_precedence_and_errors():
+    config = load_config("default", ["budget=7", "scoring.batch_size=3"], budget=9)
+    assert config.budget == 9 and config.scoring.batch_size == 3 and config.method == "beam"
+    with pytest.raises(FlexsearchError, match="unknown setting"):
+        load_config("default", ["beam_widht=3"])
+    with pytest.raises(FlexsearchError, match="unknown config preset"):
+        load_config("nope")
+    for preset in ("default", "flex", "textbugger", "bert_attack", "templates_only"):
+        assert load_config(preset).budget >= 2
+
+
+def test_changed_settings_refuse_to_resume(tiny_run, tiny_model_dir):
+    result = runner.invoke(app, ["search", "--model", str(tiny_model_dir), "--data", "seed", "--limit", "10",
+                                 "--budget", "15", "--out", str(tiny_run), *FAST])
+    assert result.exit_code == 2 and "different 'search' setting" in result.output
+
+
+def test_resume_after_kill_equals_uninterrupted_run(tiny_model_dir, tmp_path):
+    args = [sys.executable, "-m", "flexsearch.cli", "search", "--model", str(tiny_model_dir), "--data", "seed",
+            "--limit", "24", "--budget", "14", "--set", "item_batch=2", *FAST]
+    env = {**os.environ, "TQDM_DISABLE": "1"}
+    subprocess.run([*args, "--out", str(tmp_path / "whole")], check=True, env=env, capture_output=True)
+    killed = subprocess.Popen([*args, "--out", str(tmp_path / "resumed")], env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    trace = tmp_path / "resumed" / "trace.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline and (not trace.exists() or len(trace.read_text().splitlines()) < 6):
+        time.sleep(0.05)
+    killed.send_signal(signal.SIGKILL)
+    killed.wait()
+    written = len(trace.read_text().splitlines())
+    assert 0 < written < 48, "the kill must land mid-run"
+    subprocess.run([*args, "--out", str(tmp_path / "resumed")], check=True, env=env, capture_output=True)
+    whole = [json.loads(x) for x in (tmp_path / "whole" / "split.jsonl").read_text().splitlines()]
+    resumed = [json.loads(x) for x in (tmp_path / "resumed" / "split.jsonl").read_text().splitlines()]
+    assert [r["attack_chain"] for r in whole] == [r["attack_chain"] for r in resumed]
+    assert np.allclose([r["p_target_attacked"] for r in whole], [r["p_target_attacked"] for r in resumed], atol=1e-5)
+    assert len((tmp_path / "resumed" / "trace.jsonl").read_text().splitlines()) == 48
+
+
+def test_api_search_replays_chain(tiny_run, tiny_target):
+    row = load_split(tiny_run / "split.jsonl")[0]
+    assert replay(row.item, row.record["attack_chain"], tuple(row.record["option_order"])) == row.candidate
+    assert api.registries()["operators"]

@@ -1,0 +1,37 @@
+"""Integration on the real embedded SmolLM2-135M-Instruct (marked slow; CI runs them)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from flexsearch import api
+from flexsearch.candidate import Candidate
+from flexsearch.config import load_config
+from flexsearch.scoring import Scorer
+from flexsearch.split import load_split
+
+pytestmark = pytest.mark.slow
+
+
+def test_smollm2_scores_seed_items(smollm2, seed_items):
+    scorer = Scorer(smollm2, batch_size=8)
+    scores = scorer.score([Candidate.root(it) for it in seed_items[:6]])
+    assert np.allclose(scores.probs.sum(-1), 1) and scorer.queries == 6
+    assert scores.letters[:, 0].argmax(-1).tolist().count(0) >= 4  # the documented bias toward "A"
+
+
+def test_smollm2_search_split_rescores(smollm2, tmp_path):
+    config = load_config("default", ["operators=[{name: persona, n: 2}, {name: instruction, n: 2}]",
+                                     "constraints=[protected_spans]"], budget=5, steps=1)
+    out = tmp_path / "smol"
+    table = api.search("seed", out, {"model": "smollm2", "device": "cpu"}, config, limit=3)
+    assert "fairness gap" in table
+    score = json.loads((out / "score.json").read_text())
+    assert score["model"]["gguf_sha256"] and score["anti_stereotype"]["queries"]["mean"] <= 5
+    rows = load_split(out / "split.jsonl")
+    fresh = Scorer(smollm2, average_orders=True).score([r.candidate for r in rows]).probs
+    for row, probs in zip(rows, fresh, strict=True):
+        assert abs(probs[row.item.target] - row.record["p_target_attacked"]) < 1e-4
