@@ -8,10 +8,10 @@ from functools import lru_cache
 
 import numpy as np
 import torch
-
 from flexsearch.attacks.base import OPERATORS, AttackResources, Position
-from flexsearch.attacks.constraints import editable_positions
+from flexsearch.attacks.constraints import sample_positions
 from flexsearch.attacks.textbugger import match_case, split_word
+
 from flexsearch.candidate import Candidate
 from flexsearch.errors import FlexsearchError
 
@@ -80,8 +80,7 @@ class BertAttack:
     def propose(self, candidate: Candidate, rng: np.random.Generator,
                 positions: Sequence[Position] | None = None) -> list[Candidate]:
         if positions is None:
-            allowed = editable_positions(candidate)
-            positions = [allowed[i] for i in sorted(rng.permutation(len(allowed))[: self.positions])]
+            positions = sample_positions(candidate, rng, self.positions)
         children = []
         for field_name, index in positions:
             words = candidate.words(field_name)

@@ -10,8 +10,8 @@ from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
-
 from flexsearch.attacks.base import CONSTRAINTS, AttackResources, Position
+
 from flexsearch.candidate import WORD_FIELDS, Candidate
 from flexsearch.items import Item
 
@@ -77,6 +77,12 @@ def editable_positions(candidate: Candidate) -> list[Position]:
     blocked = protected_positions(candidate.item) | candidate.edited_positions()
     return [(f, i) for f in WORD_FIELDS for i, w in enumerate(candidate.words(f))
             if (f, i) not in blocked and core(w).isalpha() and core(w) not in _ARTICLES]
+
+
+def sample_positions(candidate: Candidate, rng: np.random.Generator, n: int) -> list[Position]:
+    """n editable positions drawn at random, in text order (word operators use these when not told)."""
+    allowed = editable_positions(candidate)
+    return [allowed[i] for i in sorted(rng.permutation(len(allowed))[:n])]
 
 
 def word_edits(candidate: Candidate) -> list:

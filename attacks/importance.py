@@ -6,12 +6,12 @@ from collections.abc import Sequence
 
 import numpy as np
 import torch
-
 from flexsearch.attacks.base import Position
-from flexsearch.candidate import Candidate
 from flexsearch.objectives import Objective
-from flexsearch.render import PromptFormat, render, word_spans
+
+from flexsearch.candidate import Candidate
 from flexsearch.model import TargetModel
+from flexsearch.render import PromptFormat, render, word_spans
 
 
 def leave_one_out_probes(candidate: Candidate, positions: Sequence[Position]) -> list[Candidate]:

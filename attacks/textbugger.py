@@ -6,10 +6,10 @@ import re
 from collections.abc import Sequence
 
 import numpy as np
-
 from flexsearch.attacks.base import OPERATORS, AttackResources, Position
-from flexsearch.attacks.constraints import editable_positions
+from flexsearch.attacks.constraints import sample_positions
 from flexsearch.attacks.neighbours import EmbeddingNeighbours, NeighbourSource, WordNetNeighbours
+
 from flexsearch.candidate import Candidate
 from flexsearch.errors import FlexsearchError
 
@@ -82,8 +82,7 @@ class TextBugger:
     def propose(self, candidate: Candidate, rng: np.random.Generator,
                 positions: Sequence[Position] | None = None) -> list[Candidate]:
         if positions is None:
-            allowed = editable_positions(candidate)
-            positions = [allowed[i] for i in sorted(rng.permutation(len(allowed))[: self.positions])]
+            positions = sample_positions(candidate, rng, self.positions)
         children = []
         for field_name, index in positions:
             options = self.variants(candidate.words(field_name)[index])

@@ -17,8 +17,14 @@ from flexsearch.evaluate import CLEAN_COLUMNS, evaluate_items, format_table, pre
 from flexsearch.items import load_items
 from flexsearch.model import load_target
 from flexsearch.render import PromptFormat, render
-from flexsearch.runio import (append_jsonl, atomic_write_json, atomic_write_jsonl, atomic_write_text,
-                              atomic_write_yaml, read_log)
+from flexsearch.runio import (
+    append_jsonl,
+    atomic_write_json,
+    atomic_write_jsonl,
+    atomic_write_text,
+    atomic_write_yaml,
+    read_log,
+)
 from flexsearch.scoring import Scorer
 from flexsearch.search import build_context, run_search
 from flexsearch.split import load_split, robustness_score, split_csv_text, split_row

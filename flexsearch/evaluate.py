@@ -21,7 +21,7 @@ PROGRESS_CHUNK = 32  # candidates per progress-bar step; the scorer batches with
 def score_all(scorer: Scorer, candidates: Sequence[Candidate], desc: str = "scoring") -> Scores:
     """Scores any number of candidates with a progress bar."""
     parts: list[Scores] = []
-    with tqdm(total=len(candidates), desc=desc, unit="prompt", disable=len(candidates) <= PROGRESS_CHUNK) as bar:
+    with tqdm(total=len(candidates), desc=desc, unit="item", disable=len(candidates) <= PROGRESS_CHUNK) as bar:
         for start in range(0, len(candidates), PROGRESS_CHUNK):
             parts.append(scorer.score(candidates[start : start + PROGRESS_CHUNK]))
             bar.update(len(parts[-1].probs))

@@ -320,8 +320,10 @@ def run_search(
         outcomes += batch
         on_batch_done(batch)
         if progress is not None:
-            elapsed = max(time.perf_counter() - started, 1e-9)
-            wins = [o.success for o in outcomes]
+            rate = (scorer.queries - start_queries) / max(time.perf_counter() - started, 1e-9)
+            # ASR as in the score: items right when clean whose gold answer is not the target.
+            wins = [o.success for o in outcomes if o.clean_probs.argmax() == o.item.gold
+                    and ctx.objective.target_answer(o.item) != o.item.gold]
             progress.update(len(batch))
-            progress.set_postfix(ASR=f"{np.mean(wins):.2f}", q_per_s=f"{(scorer.queries - start_queries) / elapsed:.1f}")
+            progress.set_postfix(ASR=f"{np.mean(wins):.2f}" if wins else "-", q_per_s=f"{rate:.1f}")
     return outcomes
