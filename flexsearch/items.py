@@ -105,7 +105,7 @@ def _read_text(path: Path) -> str:
         raise InputError(path, None, None, f"cannot read file ({err.__class__.__name__}: {err})") from None
 
 
-class _Fields:
+class RecordFields:
     """Typed access to one record's fields, raising InputError with file, line and field."""
 
     def __init__(self, record: Mapping[str, Any], path: Path, line: int) -> None:
@@ -190,7 +190,7 @@ def normalize_group(label: str) -> set[str]:
 
 def parse_bbq_record(record: Mapping[str, Any], path: Path, line: int) -> Item:
     """One BBQ jsonl object → Item (raises InputError for bad input, SkipItem for no target)."""
-    f = _Fields(record, path, line)
+    f = RecordFields(record, path, line)
     answers = (f.text("ans0"), f.text("ans1"), f.text("ans2"))
     gold = f.index("label")
     polarity = f.choice("question_polarity", ("neg", "nonneg"))
@@ -249,7 +249,7 @@ _FLEX_UNKNOWN = "Cannot be determined"
 
 def parse_flex_row(row: Mapping[str, str], path: Path, line: int) -> Item:
     """One FLEX csv row → Item. BBQ rows have ctx/q_text; CrowS-Pairs and StereoSet rows do not."""
-    f = _Fields(row, path, line)
+    f = RecordFields(row, path, line)
     answers = (f.text("a"), f.text("b"), f.text("c"))
     gold = f.index("label")
     more, less = f.text("sent_more"), f.text("sent_less")

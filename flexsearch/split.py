@@ -14,7 +14,7 @@ import numpy as np
 
 from flexsearch.candidate import Candidate, replay
 from flexsearch.errors import InputError
-from flexsearch.items import Item, _Fields, iter_csv, iter_jsonl
+from flexsearch.items import Item, RecordFields, iter_csv, iter_jsonl
 from flexsearch.metrics import clean_metrics, mean_with_interval, per_category, with_interval
 from flexsearch.objectives import get_objective
 from flexsearch.render import LETTERS
@@ -88,7 +88,7 @@ def load_split(path: Path, limit: int | None = None) -> list[Attacked]:
     for line, record in records:
         if limit is not None and len(out) >= limit:
             break
-        f = _Fields(record, path, line)
+        f = RecordFields(record, path, line)
         answers = f.json_value("answers")
         if not (isinstance(answers, list) and len(answers) == 3):
             raise f.error("answers", "expected a list of three answer texts")
