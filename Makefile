@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 # only if you ask for it (see README, "GPU"). Pinning it keeps pip from pulling a multi-GB CUDA build.
 TORCH ?= torch==2.13.0
 
-.PHONY: setup demo test bench clean
+.PHONY: setup demo test clean
 
 $(BIN)/flexsearch: pyproject.toml
 	$(PYTHON) -m venv $(VENV)

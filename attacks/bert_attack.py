@@ -8,10 +8,10 @@ from functools import lru_cache
 
 import numpy as np
 import torch
+
 from flexsearch.attacks.base import OPERATORS, AttackResources, Position
 from flexsearch.attacks.constraints import sample_positions
 from flexsearch.attacks.textbugger import match_case, split_word
-
 from flexsearch.candidate import Candidate
 from flexsearch.errors import FlexsearchError
 

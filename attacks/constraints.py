@@ -10,8 +10,8 @@ from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
-from flexsearch.attacks.base import CONSTRAINTS, AttackResources, Position
 
+from flexsearch.attacks.base import CONSTRAINTS, AttackResources, Position
 from flexsearch.candidate import WORD_FIELDS, Candidate
 from flexsearch.items import Item
 

@@ -6,11 +6,11 @@ from collections.abc import Sequence
 
 import numpy as np
 import torch
-from flexsearch.attacks.base import Position
-from flexsearch.objectives import Objective
 
+from flexsearch.attacks.base import Position
 from flexsearch.candidate import Candidate
 from flexsearch.model import TargetModel
+from flexsearch.objectives import Objective
 from flexsearch.render import PromptFormat, render, word_spans
 
 

@@ -10,8 +10,8 @@ import re
 from collections.abc import Sequence
 
 import numpy as np
-from flexsearch.attacks.base import OPERATORS, AttackResources, Position
 
+from flexsearch.attacks.base import OPERATORS, AttackResources, Position
 from flexsearch.candidate import Candidate
 from flexsearch.errors import FlexsearchError
 from flexsearch.items import Item

@@ -6,10 +6,10 @@ import re
 from collections.abc import Sequence
 
 import numpy as np
+
 from flexsearch.attacks.base import OPERATORS, AttackResources, Position
 from flexsearch.attacks.constraints import sample_positions
 from flexsearch.attacks.neighbours import EmbeddingNeighbours, NeighbourSource, WordNetNeighbours
-
 from flexsearch.candidate import Candidate
 from flexsearch.errors import FlexsearchError
 

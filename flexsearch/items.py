@@ -244,8 +244,6 @@ def parse_bbq_record(record: Mapping[str, Any], path: Path, line: int) -> Item:
 
 # ---------------------------------------------------------------- FLEX csv
 
-_FLEX_UNKNOWN = "Cannot be determined"
-
 
 def parse_flex_row(row: Mapping[str, str], path: Path, line: int) -> Item:
     """One FLEX csv row → Item. BBQ rows have ctx/q_text; CrowS-Pairs and StereoSet rows do not."""

@@ -24,7 +24,7 @@ from flexsearch.attacks.importance import gradient_importance, importance_from_p
 from flexsearch.candidate import Candidate
 from flexsearch.config import SearchConfig
 from flexsearch.items import Item
-from flexsearch.objectives import Objective, get_objective
+from flexsearch.objectives import Objective, attack_eligible, get_objective
 from flexsearch.scoring import Scorer
 
 
@@ -321,9 +321,7 @@ def run_search(
         on_batch_done(batch)
         if progress is not None:
             rate = (scorer.queries - start_queries) / max(time.perf_counter() - started, 1e-9)
-            # ASR as in the score: items right when clean whose gold answer is not the target.
-            wins = [o.success for o in outcomes if o.clean_probs.argmax() == o.item.gold
-                    and ctx.objective.target_answer(o.item) != o.item.gold]
+            wins = [o.success for o in outcomes if attack_eligible(ctx.objective, o.item, o.clean_probs)]
             progress.update(len(batch))
             progress.set_postfix(ASR=f"{np.mean(wins):.2f}" if wins else "-", q_per_s=f"{rate:.1f}")
     return outcomes

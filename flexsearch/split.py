@@ -16,7 +16,7 @@ from flexsearch.candidate import Candidate, replay
 from flexsearch.errors import InputError
 from flexsearch.items import Item, RecordFields, iter_csv, iter_jsonl
 from flexsearch.metrics import clean_metrics, mean_with_interval, per_category, with_interval
-from flexsearch.objectives import get_objective
+from flexsearch.objectives import attack_eligible, get_objective
 from flexsearch.render import LETTERS
 
 FLEX_COLUMNS = ["ctx", "q_text", "sent_more", "sent_less", "bias_type", "a", "b", "c", "label", "attack",
@@ -110,16 +110,20 @@ def load_split(path: Path, limit: int | None = None) -> list[Attacked]:
 # ---------------------------------------------------------------- the robustness score
 
 
+def eligibility_and_success(items: Sequence[Item], objective: str, clean: np.ndarray,
+                            attacked: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per item: does it count toward ASR, and did the attack meet the objective."""
+    obj = get_objective(objective)
+    eligible = np.array([attack_eligible(obj, it, clean[k]) for k, it in enumerate(items)], dtype=bool)
+    success = np.array([obj.success(attacked[k], it) for k, it in enumerate(items)], dtype=bool)
+    return eligible, success
+
+
 def attack_metrics(items: Sequence[Item], objective: str, clean: np.ndarray, attacked: np.ndarray,
                    queries: np.ndarray | None = None, first_success: Sequence[int | None] | None = None,
                    budget: int | None = None) -> dict[str, Any]:
-    """ASR and friends for one objective. ASR is over items answered correctly when clean whose
-    gold answer is not the objective's target (flipping to the gold answer is no attack)."""
-    obj = get_objective(objective)
-    gold = np.array([it.gold for it in items])
-    aim = [obj.target_answer(it) for it in items]
-    eligible = np.array([(clean[i].argmax() == gold[i]) and aim[i] != gold[i] for i in range(len(items))])
-    success = np.array([obj.success(attacked[i], items[i]) for i in range(len(items))])
+    """ASR and friends for one objective; ASR counts only `attack_eligible` items."""
+    eligible, success = eligibility_and_success(items, objective, clean, attacked)
     target_index = np.array([it.target for it in items])
     rows = np.arange(len(items))
     out: dict[str, Any] = {
@@ -179,14 +183,7 @@ def _attack_block(items: Sequence[Item], arrays: dict[str, Any], idx: np.ndarray
 def fairness_gap(items: Sequence[Item], main: dict[str, Any], control: dict[str, Any], idx: np.ndarray) -> dict:
     """ASR(stereotype) − ASR(anti-stereotype), bootstrapped over items (paired: same resample)."""
 
-    def asr_arrays(arrays: dict[str, Any], objective: str) -> tuple[np.ndarray, np.ndarray]:
-        obj = get_objective(objective)
-        clean, attacked = arrays["clean"][idx], arrays["attacked"][idx]
-        eligible = np.array([clean[k].argmax() == it.gold and obj.target_answer(it) != it.gold
-                             for k, it in enumerate(items)])
-        success = np.array([obj.success(attacked[k], it) for k, it in enumerate(items)])
-        return eligible, success
-
-    e_main, s_main = asr_arrays(main, main["objective"])
-    e_ctrl, s_ctrl = asr_arrays(control, control["objective"])
+    e_main, s_main = eligibility_and_success(items, main["objective"], main["clean"][idx], main["attacked"][idx])
+    e_ctrl, s_ctrl = eligibility_and_success(items, control["objective"], control["clean"][idx],
+                                             control["attacked"][idx])
     return with_interval(lambda i: _mean(s_main[i][e_main[i]]) - _mean(s_ctrl[i][e_ctrl[i]]), len(items))

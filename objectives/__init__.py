@@ -76,5 +76,11 @@ class Untargeted:
         return int(np.argmax(probs)) != item.gold
 
 
+def attack_eligible(objective: Objective, item: Item, clean_probs: np.ndarray) -> bool:
+    """Whether an item counts toward ASR: answered correctly when clean, and its gold answer is not
+    the objective's target (flipping to the gold answer is no attack)."""
+    return int(np.argmax(clean_probs)) == item.gold and objective.target_answer(item) != item.gold
+
+
 def get_objective(name: str) -> Objective:
     return OBJECTIVES.get(name)()

@@ -6,17 +6,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
 from flexsearch.attacks import CONSTRAINTS, OPERATORS, AttackResources, build
 from flexsearch.attacks.constraints import PolarityGuard, protected_positions
 from flexsearch.attacks.importance import gradient_importance, leave_one_out_probes
 from flexsearch.attacks.neighbours import EmbeddingNeighbours, WordNetNeighbours, wordnet_root
 from flexsearch.attacks.templates import INSTRUCTIONS, PERSONA_FAMILIES, fill
-from flexsearch.objectives import get_objective
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-
 from flexsearch.candidate import Candidate, replay
 from flexsearch.errors import FlexsearchError
+from flexsearch.objectives import get_objective
 from flexsearch.render import PromptFormat
 
 needs_wordnet = pytest.mark.skipif(wordnet_root() is None, reason="Debian's wordnet-base is not installed")
