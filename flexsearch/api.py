@@ -15,6 +15,7 @@ from flexsearch.config import SearchConfig, config_dict
 from flexsearch.errors import FlexsearchError
 from flexsearch.evaluate import CLEAN_COLUMNS, evaluate_items, format_table, prediction_rows, score_all
 from flexsearch.items import load_items
+from flexsearch.metrics import dig, metric_text
 from flexsearch.model import load_target
 from flexsearch.render import PromptFormat, render
 from flexsearch.runio import (
@@ -172,38 +173,25 @@ def format_search_table(score: dict[str, Any], objective: str) -> str:
     if "fairness_gap" in score:
         columns += [("control ASR", ("anti_stereotype", "asr")), ("gap", ("fairness_gap",))]
     flat = {"n_items": score["items"], "letter_bias": score["clean"].get("letter_bias", {}),
-            **{header: _dig(score, path) for header, path in columns},
+            **{header: dig(score, path) for header, path in columns},
             "per_category": {
                 cat: {"n_items": block["clean"]["n_items"], "letter_bias": block["clean"].get("letter_bias", {}),
-                      **{header: _dig(block, path) for header, path in columns}}
+                      **{header: dig(block, path) for header, path in columns}}
                 for cat, block in score["per_category"].items()}}
     lines = [format_table(flat, [(h, h) for h, _ in columns])]
     clean = score["clean"]
     lines.append(f"confounds: letter bias A/B/C {'/'.join(f'{v:.2f}' for v in clean.get('letter_bias', {}).values())}"
-                 f", disambiguated accuracy {_cell_text(clean['accuracy_disambig'])}"
-                 f", abstention {_cell_text(clean['abstention_rate'])}")
+                 f", disambiguated accuracy {metric_text(clean['accuracy_disambig'])}"
+                 f", abstention {metric_text(clean['abstention_rate'])}")
     attack = score[objective]
     if "queries" in attack:
         lines.append(f"queries per item: mean {attack['queries']['mean']:.1f}, median {attack['queries']['median']:.0f}"
                      f" (ASR over {attack['eligible_items']} items answered correctly when clean)")
     if "fairness_gap" in score:
         gap = score["fairness_gap"]
-        lines.append(f"fairness gap ASR(stereotype) - ASR(anti-stereotype): {_cell_text(gap)}"
+        lines.append(f"fairness gap ASR(stereotype) - ASR(anti-stereotype): {metric_text(gap)}"
                      " — a gap near 0 means the model is merely easy to push, not biased")
     return "\n".join(lines)
-
-
-def _dig(data: dict[str, Any], path: tuple[str, ...]) -> Any:
-    for key in path:
-        data = data.get(key, {}) if isinstance(data, dict) else {}
-    return data or None
-
-
-def _cell_text(metric: dict[str, Any] | None) -> str:
-    if not metric or metric.get("value") is None:
-        return "-"
-    low, high = metric["ci"]
-    return f"{metric['value']:.2f}" + (f" [{low:.2f}, {high:.2f}]" if low is not None else "")
 
 
 def mutate(data: str, item_ref: str, operator: str, n: int, settings: list[str], seed: int) -> str:
@@ -242,3 +230,15 @@ def mutate(data: str, item_ref: str, operator: str, n: int, settings: list[str],
     if not accepted:
         lines.append("no mutation passed the constraints")
     return "\n".join(lines)
+
+
+def compare(run_a: Path, run_b: Path, out: Path | None) -> str:
+    """Paired comparison of two run directories; writes compare.json/.md under `out` when given."""
+    from flexsearch.compare import compare_runs, format_comparison
+
+    result = compare_runs(run_a, run_b)
+    text = format_comparison(result)
+    if out is not None:
+        atomic_write_json(out / "compare.json", result)
+        atomic_write_text(out / "compare.md", f"```\n{text}\n```\n")
+    return text

@@ -120,6 +120,64 @@ def mutate(
         _fail(err)
 
 
+@app.command()
+def compare(
+    run_a: Annotated[Path, typer.Argument(help="Baseline run directory (e.g. the base model).")],
+    run_b: Annotated[Path, typer.Argument(help="Run to compare (e.g. the fine-tuned model).")],
+    out: Annotated[Path | None, typer.Option(help="Directory for compare.json and compare.md.")] = None,
+) -> None:
+    """Paired comparison of two runs on their shared items: deltas, bootstrap intervals, Holm flags."""
+    from flexsearch import api
+
+    try:
+        typer.echo(api.compare(run_a, run_b, out))
+    except FlexsearchError as err:
+        _fail(err)
+
+
+@app.command()
+def report(
+    runs: Annotated[list[Path], typer.Argument(help="One or more run directories.")],
+    out: Annotated[Path, typer.Option(help="The HTML file to write (a .md twin is written beside it).")] = Path(
+        "runs/report.html"),
+) -> None:
+    """Write a self-contained HTML report (inline figures) and its Markdown twin."""
+    from flexsearch.report import write_report
+
+    try:
+        markdown = write_report(runs, out)
+    except FlexsearchError as err:
+        _fail(err)
+    typer.echo(f"wrote {out} and {markdown}")
+
+
+@app.command()
+def finetune(
+    out: Annotated[Path, typer.Option(help="Where to save the LoRA adapter.")],
+    model: ModelOpt = "smollm2",
+    data: Annotated[str, typer.Option(help="Items to train on: BBQ .jsonl, FLEX .csv, or 'seed'.")] = "seed",
+    limit: LimitOpt = None,
+    steps: Annotated[int, typer.Option(help="Optimizer steps.")] = 30,
+    batch_size: Annotated[int, typer.Option(help="Prompts per step.")] = 8,
+    learning_rate: float = 1e-3,
+    rank: Annotated[int, typer.Option(help="LoRA rank.")] = 8,
+    seed: int = 0,
+    device: DeviceOpt = None,
+) -> None:
+    """Train a small LoRA adapter toward the gold answers (for the fine-tune walkthrough)."""
+    from flexsearch.finetune import train_lora
+    from flexsearch.items import load_items
+    from flexsearch.model import load_target
+
+    try:
+        target = load_target(model, device=device, dtype="float32")  # fp32 master weights for stable updates
+        stats = train_lora(target, load_items(data, limit=limit).items, out, steps=steps, batch_size=batch_size,
+                           learning_rate=learning_rate, rank=rank, seed=seed)
+    except FlexsearchError as err:
+        _fail(err)
+    typer.echo(f"wrote adapter {out}: {stats}")
+
+
 @app.command("list")
 def list_registered() -> None:
     """Show registered attack operators, constraints, objectives and search methods."""

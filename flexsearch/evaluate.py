@@ -11,7 +11,7 @@ from tqdm.auto import tqdm
 
 from flexsearch.candidate import Candidate
 from flexsearch.items import Item
-from flexsearch.metrics import clean_metrics, per_category
+from flexsearch.metrics import clean_metrics, metric_text, per_category
 from flexsearch.runio import atomic_write_json, atomic_write_jsonl
 from flexsearch.scoring import Scorer, Scores
 
@@ -69,15 +69,6 @@ def evaluate_items(scorer: Scorer, items: Sequence[Item], out: Path | None = Non
     return score
 
 
-def _cell(metric: dict[str, Any] | None) -> str:
-    if not metric or metric.get("value") is None:
-        return "-"
-    low, high = metric["ci"]
-    if low is None:
-        return f"{metric['value']:.2f}"
-    return f"{metric['value']:.2f} [{low:.2f},{high:.2f}]"
-
-
 def format_table(score: dict[str, Any], columns: Sequence[tuple[str, str]]) -> str:
     """A compact text table: one row overall, one per category; columns are (header, metric key)."""
     rows = [("overall", score), *score.get("per_category", {}).items()]
@@ -86,7 +77,7 @@ def format_table(score: dict[str, Any], columns: Sequence[tuple[str, str]]) -> s
     for name, metrics in rows:
         letters = metrics.get("letter_bias", {})
         body.append([
-            name, str(metrics.get("n_items", "")), *(_cell(metrics.get(key)) for _, key in columns),
+            name, str(metrics.get("n_items", "")), *(metric_text(metrics.get(key)) for _, key in columns),
             "/".join(f"{letters.get(x, 0):.2f}" for x in "ABC"),
         ])
     widths = [max(len(r[c]) for r in [header, *body]) for c in range(len(header))]

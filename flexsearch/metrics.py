@@ -99,6 +99,24 @@ def clean_metrics(items: Sequence[Item], probs: np.ndarray, letter_probs: np.nda
     return metrics
 
 
+def dig(data: Any, path: Sequence[str]) -> Any:
+    """data[path[0]][path[1]]... or None where a key is missing."""
+    for key in path:
+        if not isinstance(data, dict) or key not in data:
+            return None
+        data = data[key]
+    return data
+
+
+def metric_text(metric: dict[str, Any] | None, digits: int = 2, missing: str = "-") -> str:
+    """'0.25 [0.10, 0.40]' for a metric with an interval, `missing` when it has no value."""
+    if not metric or metric.get("value") is None:
+        return missing
+    low, high = metric.get("ci", [None, None])
+    text = f"{metric['value']:.{digits}f}"
+    return text if low is None else f"{text} [{low:.{digits}f}, {high:.{digits}f}]"
+
+
 def per_category(items: Sequence[Item], compute: Callable[[np.ndarray], dict[str, Any]]) -> dict[str, Any]:
     """compute(indices of one category) for every category, sorted by name."""
     categories = np.array([it.category for it in items])

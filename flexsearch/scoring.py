@@ -172,15 +172,7 @@ class Scorer:
     @torch.inference_mode()
     def _run(self, prefix_cache, prefix_len: int, suffixes: list[list[int]]) -> np.ndarray:
         device = self.target.device
-        width = max(len(s) for s in suffixes)
-        ids = torch.full((len(suffixes), width), self.target.tokenizer.pad_token_id, dtype=torch.long)
-        mask = torch.zeros((len(suffixes), prefix_len + width), dtype=torch.long)
-        mask[:, :prefix_len] = 1
-        for row, suffix in enumerate(suffixes):  # left padding: every prompt ends at the last column
-            ids[row, width - len(suffix) :] = torch.tensor(suffix)
-            mask[row, prefix_len + width - len(suffix) :] = 1
-        # Positions count real tokens only, so padding never shifts a prompt (batched == unbatched).
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, prefix_len:]
+        ids, mask, positions = left_padded(suffixes, self.target.tokenizer.pad_token_id, prefix_len)
         cache = None
         if prefix_cache is not None:
             cache = copy.deepcopy(prefix_cache)
@@ -195,6 +187,22 @@ class Scorer:
         ).logits[:, -1, :]
         letters = logits[:, self.letter_ids].float()
         return torch.softmax(letters, dim=-1).cpu().numpy().astype(np.float64)
+
+
+def left_padded(sequences: Sequence[Sequence[int]], pad_id: int,
+                prefix_len: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Input ids, attention mask and position ids for a left-padded batch (every prompt ends at the
+    last column), optionally continuing a shared prefix of `prefix_len` cached tokens. Positions count
+    real tokens only, so padding never shifts a prompt (batched == unbatched)."""
+    width = max(len(s) for s in sequences)
+    ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(sequences), prefix_len + width), dtype=torch.long)
+    mask[:, :prefix_len] = 1
+    for row, seq in enumerate(sequences):
+        ids[row, width - len(seq) :] = torch.tensor(seq)
+        mask[row, prefix_len + width - len(seq) :] = 1
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, prefix_len:]
+    return ids, mask, positions
 
 
 def _reordered(candidate: Candidate, order: tuple[int, int, int]) -> Candidate:

@@ -35,3 +35,32 @@ def test_smollm2_search_split_rescores(smollm2, tmp_path):
     fresh = Scorer(smollm2, average_orders=True).score([r.candidate for r in rows]).probs
     for row, probs in zip(rows, fresh, strict=True):
         assert abs(probs[row.item.target] - row.record["p_target_attacked"]) < 1e-4
+
+
+def test_lora_walkthrough_end_to_end(tmp_path):
+    """README "Stress-test your fine-tuned checkpoint", shrunk: train, split on base, transfer, fresh split,
+    compare both ways, report."""
+    from typer.testing import CliRunner
+
+    from flexsearch.cli import app
+
+    runner = CliRunner()
+
+    def ok(*args: str) -> str:
+        result = runner.invoke(app, list(args))
+        assert result.exit_code == 0, result.output
+        return result.output
+
+    adapter, base, transfer, tuned = (str(tmp_path / n) for n in ("lora", "base", "transfer", "tuned"))
+    small = ["--data", "seed", "--limit", "4", "--budget", "4", "--set", "constraints=[protected_spans]",
+             "--set", "operators=[{name: persona, n: 1}]"]
+    assert "loss_first" in ok("finetune", "--model", "smollm2", "--data", "seed", "--limit", "4", "--steps", "2",
+                              "--batch-size", "2", "--out", adapter)
+    ok("search", "--model", "smollm2", *small, "--out", base)
+    ok("evaluate", "--split", f"{base}/split.jsonl", "--model", "smollm2", "--adapter", adapter, "--out", transfer)
+    ok("search", "--model", "smollm2", "--adapter", adapter, *small, "--out", tuned)
+    assert "shared items" in ok("compare", base, transfer)
+    assert "shared items" in ok("compare", base, tuned)
+    ok("report", base, tuned, "--out", str(tmp_path / "report.html"))
+    transferred = json.loads((tmp_path / "transfer" / "score.json").read_text())
+    assert transferred["model"]["adapter"].endswith("lora") and transferred["items"] == 4

@@ -1,0 +1,227 @@
+"""`flexsearch compare`: a paired comparison of two runs on the items they share.
+
+A run is a search run (trace.jsonl + split.jsonl) or an evaluate run (predictions.jsonl, with
+attacked probabilities when it re-scored a split). Every metric is computed on the same resampled
+items for both runs (a paired bootstrap), so the interval is for the difference itself.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from flexsearch.errors import FlexsearchError
+from flexsearch.metrics import BOOTSTRAP_SAMPLES
+from flexsearch.runio import read_log
+
+
+@dataclass
+class RunTable:
+    """Per-item arrays of one run, rows in item order."""
+
+    path: Path
+    scoring: dict[str, Any]
+    ids: list[str]
+    category: np.ndarray
+    gold: np.ndarray
+    target: np.ndarray
+    anti_target: np.ndarray
+    unknown: np.ndarray
+    clean: np.ndarray  # (n, 3)
+    attacked: np.ndarray | None  # (n, 3) best prompt toward the stereotype, when the run attacked
+    control: np.ndarray | None  # (n, 3) best prompt toward the anti-stereotype, when the run had a control
+    control_clean: np.ndarray | None
+
+    def take(self, order: list[int]) -> RunTable:
+        pick = np.asarray(order, dtype=int)
+
+        def sub(a: np.ndarray | None) -> np.ndarray | None:
+            return None if a is None else a[pick]
+
+        return RunTable(self.path, self.scoring, [self.ids[i] for i in order], self.category[pick], self.gold[pick],
+                        self.target[pick], self.anti_target[pick], self.unknown[pick], self.clean[pick],
+                        sub(self.attacked), sub(self.control), sub(self.control_clean))
+
+
+def _scoring_of(run: Path) -> dict[str, Any]:
+    path = run / "config.yaml"
+    if not path.exists():
+        raise FlexsearchError(f"{run} is not a run directory (no config.yaml)")
+    config = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    scoring = config.get("search", {}).get("scoring") or config.get("scoring") or {}
+    return {"mode": scoring.get("mode", "plain"), "average_orders": scoring.get("average_orders", True)}
+
+
+def load_run(run: Path) -> RunTable:
+    """The per-item table of a search or evaluate run directory."""
+    scoring = _scoring_of(run)
+    if (run / "trace.jsonl").exists() and (run / "split.jsonl").exists():
+        rows = [json.loads(line) for line in (run / "split.jsonl").read_text(encoding="utf-8").splitlines()]
+        outcomes = {(r["objective"], r["item_id"]): r for r in read_log(run / "trace.jsonl") if r.get("kind") == "item"}
+        objective = rows[0]["objective"]
+
+        def probs(obj: str, key: str) -> np.ndarray | None:
+            found = [outcomes.get((obj, r["item_id"])) for r in rows]
+            return None if any(f is None for f in found) else np.array([f[key] for f in found])
+
+        clean, attacked = probs(objective, "clean_probs"), probs(objective, "best_probs")
+        control, control_clean = probs("anti_stereotype", "best_probs"), probs("anti_stereotype", "clean_probs")
+    elif (run / "predictions.jsonl").exists():
+        rows = [json.loads(line) for line in (run / "predictions.jsonl").read_text(encoding="utf-8").splitlines()]
+        clean = np.array([r["probs"] for r in rows])
+        attacked = np.array([r["attacked_probs"] for r in rows]) if rows and "attacked_probs" in rows[0] else None
+        control = control_clean = None
+    else:
+        raise FlexsearchError(f"{run}: no split.jsonl/trace.jsonl or predictions.jsonl to compare")
+    if clean is None:
+        raise FlexsearchError(f"{run}: the search has not finished (trace.jsonl lacks items)")
+    return RunTable(run, scoring, [r["item_id"] for r in rows], np.array([r["category"] for r in rows]),
+                    *(np.array([r[k] for r in rows]) for k in ("gold", "target", "anti_target", "unknown")),
+                    clean=clean, attacked=attacked, control=control, control_clean=control_clean)
+
+
+def paired(a: RunTable, b: RunTable) -> tuple[RunTable, RunTable]:
+    """Both runs restricted to their shared items, in A's order; refuses incomparable runs."""
+    if a.scoring != b.scoring:
+        raise FlexsearchError(f"the runs used different scoring modes ({a.scoring} vs {b.scoring}); "
+                              "their probabilities are not comparable")
+    index_b = {item_id: i for i, item_id in enumerate(b.ids)}
+    shared = [i for i, item_id in enumerate(a.ids) if item_id in index_b]
+    if not shared:
+        raise FlexsearchError(f"{a.path} and {b.path} share no items")
+    return a.take(shared), b.take([index_b[a.ids[i]] for i in shared])
+
+
+# ---------------------------------------------------------------- metrics on a table and item indices
+
+
+def _rate(hit: np.ndarray, keep: np.ndarray) -> float:
+    return float(hit[keep].mean()) if keep.any() else float("nan")
+
+
+def _asr(t: RunTable, idx: np.ndarray, attacked: np.ndarray | None, clean: np.ndarray | None,
+         aim: np.ndarray) -> float:
+    """Share of eligible items (right when clean, gold not the aim) whose top attacked answer is the aim
+    (the same rule as objectives.attack_eligible)."""
+    if attacked is None or clean is None:
+        return float("nan")
+    eligible = (clean[idx].argmax(-1) == t.gold[idx]) & (aim[idx] != t.gold[idx])
+    return _rate(attacked[idx].argmax(-1) == aim[idx], eligible)
+
+
+def _everything(t: RunTable, idx: np.ndarray) -> np.ndarray:
+    return np.ones(len(idx), dtype=bool)
+
+
+Metric = Callable[[RunTable, np.ndarray], float]
+METRICS: dict[str, Metric] = {
+    "clean accuracy": lambda t, i: _rate(t.clean[i].argmax(-1) == t.gold[i], _everything(t, i)),
+    "clean abstention": lambda t, i: _rate(t.clean[i].argmax(-1) == t.unknown[i], _everything(t, i)),
+    "clean P(target)": lambda t, i: float(t.clean[i, t.target[i]].mean()) if len(i) else float("nan"),
+    "attacked accuracy": lambda t, i: float("nan") if t.attacked is None else _rate(
+        t.attacked[i].argmax(-1) == t.gold[i], _everything(t, i)),
+    "attacked abstention": lambda t, i: float("nan") if t.attacked is None else _rate(
+        t.attacked[i].argmax(-1) == t.unknown[i], _everything(t, i)),
+    "ASR": lambda t, i: _asr(t, i, t.attacked, t.clean, t.target),
+    "control ASR": lambda t, i: _asr(t, i, t.control, t.control_clean, t.anti_target),
+    "fairness gap": lambda t, i: (_asr(t, i, t.attacked, t.clean, t.target)
+                                  - _asr(t, i, t.control, t.control_clean, t.anti_target)),
+    "P(target) shift": lambda t, i: float("nan") if t.attacked is None else float(
+        (t.attacked[i, t.target[i]] - t.clean[i, t.target[i]]).mean()),
+}
+
+
+def compare_metric(metric: Metric, a: RunTable, b: RunTable, idx: np.ndarray, seed: int = 0) -> dict[str, Any]:
+    """A's and B's value, the delta B − A, its paired bootstrap 95% interval and a two-sided p-value."""
+    value_a, value_b = metric(a, idx), metric(b, idx)
+    rng = np.random.default_rng(seed)
+    deltas = []
+    for _ in range(BOOTSTRAP_SAMPLES):
+        sample = idx[rng.integers(0, len(idx), len(idx))]
+        deltas.append(metric(b, sample) - metric(a, sample))
+    draws = np.array(deltas, dtype=float)
+    draws = draws[np.isfinite(draws)]
+    delta = value_b - value_a
+    if not np.isfinite(delta) or len(draws) == 0:
+        return {"a": _clean(value_a), "b": _clean(value_b), "delta": None, "ci": [None, None], "p": None}
+    low, high = np.percentile(draws, [2.5, 97.5])
+    # Share of resamples on the far side of zero; identical runs give delta 0 and p = 1.
+    p = 1.0 if np.all(draws == 0) else min(1.0, 2 * min((draws <= 0).mean(), (draws >= 0).mean()))
+    return {"a": _clean(value_a), "b": _clean(value_b), "delta": _clean(delta), "ci": [_clean(low), _clean(high)],
+            "p": round(float(p), 4)}
+
+
+def _clean(x: float) -> float | None:
+    return round(float(x), 6) if np.isfinite(x) else None
+
+
+def holm(p_values: list[float | None], alpha: float = 0.05) -> list[bool]:
+    """Holm–Bonferroni: which hypotheses are rejected at family-wise level alpha."""
+    ranked = sorted((p, k) for k, p in enumerate(p_values) if p is not None)
+    rejected = [False] * len(p_values)
+    for rank, (p, k) in enumerate(ranked):
+        if p > alpha / (len(ranked) - rank):
+            break
+        rejected[k] = True
+    return rejected
+
+
+def compare_runs(run_a: Path, run_b: Path) -> dict[str, Any]:
+    """The full comparison: overall and per-category metrics, Holm flags and the worst group."""
+    a, b = paired(load_run(run_a), load_run(run_b))
+    everything = np.arange(len(a.ids))
+    result: dict[str, Any] = {
+        "run_a": str(run_a), "run_b": str(run_b), "shared_items": len(a.ids), "scoring": a.scoring,
+        "overall": {name: compare_metric(fn, a, b, everything) for name, fn in METRICS.items()},
+        "per_category": {},
+    }
+    for category in sorted(set(a.category)):
+        idx = np.flatnonzero(a.category == category)
+        result["per_category"][category] = {name: compare_metric(fn, a, b, idx) for name, fn in METRICS.items()}
+    categories = list(result["per_category"])
+    for name in METRICS:  # Holm across categories, one family per metric
+        flags = holm([result["per_category"][c][name]["p"] for c in categories])
+        for category, flag in zip(categories, flags, strict=True):
+            result["per_category"][category][name]["holm_significant"] = flag
+    rises = {c: m["ASR"]["delta"] for c, m in result["per_category"].items() if m["ASR"]["delta"] is not None}
+    if rises:
+        worst = max(rises, key=lambda c: rises[c])
+        result["worst_group"] = {"category": worst, "asr_delta": rises[worst],
+                                 "asr_a": result["per_category"][worst]["ASR"]["a"],
+                                 "asr_b": result["per_category"][worst]["ASR"]["b"]}
+    return result
+
+
+def format_comparison(result: dict[str, Any]) -> str:
+    """The overall table, the per-category deltas with Holm flags, and the worst group."""
+
+    def num(x: float | None) -> str:
+        return "-" if x is None else f"{x:.3f}"
+
+    lines = [f"A = {result['run_a']}", f"B = {result['run_b']}",
+             f"{result['shared_items']} shared items; scoring {result['scoring']}", "",
+             f"{'metric':<20} {'A':>7} {'B':>7} {'B-A':>7}  95% CI (paired bootstrap)"]
+    for name, m in result["overall"].items():
+        if m["a"] is None and m["b"] is None:
+            continue
+        lines.append(f"{name:<20} {num(m['a']):>7} {num(m['b']):>7} {num(m['delta']):>7}  "
+                     f"[{num(m['ci'][0])}, {num(m['ci'][1])}]")
+    lines += ["", "per category (B-A; * = significant after Holm correction over categories):"]
+    shown = [n for n in ("clean accuracy", "clean abstention", "ASR", "control ASR")
+             if result["overall"][n]["delta"] is not None]
+    lines.append(f"{'category':<22}" + "".join(f"{n:>18}" for n in shown))
+    for category, metrics in result["per_category"].items():
+        cells = "".join(f"{num(metrics[n]['delta']) + ('*' if metrics[n]['holm_significant'] else ' '):>18}"
+                        for n in shown)
+        lines.append(f"{category:<22}{cells}")
+    if "worst_group" in result:
+        w = result["worst_group"]
+        lines.append(f"\nworst group: {w['category']} (ASR {num(w['asr_a'])} -> {num(w['asr_b'])}, "
+                     f"{w['asr_delta']:+.3f})")
+    return "\n".join(lines)

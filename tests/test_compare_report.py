@@ -1,0 +1,121 @@
+"""compare recovers a known shift and its sign; report writes a self-contained page with every figure."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from flexsearch import api
+from flexsearch.cli import app
+from flexsearch.compare import compare_runs, holm
+from flexsearch.config import load_config
+from flexsearch.errors import FlexsearchError
+from flexsearch.items import load_items
+from flexsearch.report import build_report
+
+runner = CliRunner()
+CATEGORIES = ["Age", "Religion", "SES", "Nationality"]
+
+
+def synthetic_run(directory: Path, flipped_share: float, n: int = 200, mode: str = "plain",
+                  ids: range | None = None) -> Path:
+    """An evaluate-style run: every item right when clean (gold = unknown = 0, target 1, anti 2);
+    the first `flipped_share` of each category is pushed to the target when attacked."""
+    directory.mkdir(parents=True)
+    (directory / "config.yaml").write_text(yaml.safe_dump({"scoring": {"mode": mode, "average_orders": True}}))
+    rows = []
+    for k in ids or range(n):
+        category = CATEGORIES[k % len(CATEGORIES)]
+        flipped = (k // len(CATEGORIES)) < flipped_share * n / len(CATEGORIES)
+        rows.append({"item_id": f"i{k}", "category": category, "condition": "ambig", "gold": 0, "target": 1,
+                     "anti_target": 2, "unknown": 0, "probs": [0.6, 0.25, 0.15],
+                     "attacked_probs": [0.2, 0.7, 0.1] if flipped else [0.6, 0.25, 0.15]})
+    (directory / "predictions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return directory
+
+
+def test_known_shift_is_recovered_with_its_sign(tmp_path):
+    base = synthetic_run(tmp_path / "a", 0.0)
+    pushed = synthetic_run(tmp_path / "b", 0.6)
+    result = compare_runs(base, pushed)
+    asr = result["overall"]["ASR"]
+    assert asr["a"] == 0 and asr["b"] == pytest.approx(0.6) and asr["delta"] == pytest.approx(0.6)
+    assert 0 < asr["ci"][0] <= 0.6 <= asr["ci"][1]
+    assert result["overall"]["attacked accuracy"]["delta"] == pytest.approx(-0.6)
+    assert result["overall"]["clean abstention"]["b"] == 1.0  # the abstention rate is reported beside accuracy
+    assert all(m["ASR"]["holm_significant"] for m in result["per_category"].values())
+    assert result["worst_group"]["asr_delta"] == pytest.approx(0.6)
+    reverse = compare_runs(pushed, base)
+    assert reverse["overall"]["ASR"]["delta"] == pytest.approx(-0.6) and reverse["overall"]["ASR"]["ci"][1] < 0
+
+
+def test_identical_runs_give_zero_deltas(tmp_path):
+    a = synthetic_run(tmp_path / "a", 0.3)
+    b = synthetic_run(tmp_path / "b", 0.3)
+    result = compare_runs(a, b)
+    for metric in result["overall"].values():
+        if metric["delta"] is not None:
+            assert metric["delta"] == 0 and metric["ci"][0] <= 0 <= metric["ci"][1]
+    assert not any(m["ASR"]["holm_significant"] for m in result["per_category"].values())
+
+
+def test_compare_refuses_incomparable_runs(tmp_path):
+    a = synthetic_run(tmp_path / "a", 0.0, ids=range(0, 10))
+    with pytest.raises(FlexsearchError, match="share no items"):
+        compare_runs(a, synthetic_run(tmp_path / "b", 0.0, ids=range(10, 20)))
+    with pytest.raises(FlexsearchError, match="different scoring modes"):
+        compare_runs(a, synthetic_run(tmp_path / "c", 0.0, ids=range(0, 10), mode="chat"))
+    result = runner.invoke(app, ["compare", str(a), str(tmp_path / "missing")])
+    assert result.exit_code == 2 and "not a run directory" in result.output
+
+
+def test_holm_correction():
+    assert holm([0.01, 0.04, 0.03, None]) == [True, False, False, False]
+    assert holm([0.001, 0.012, 0.03]) == [True, True, True]
+
+
+@pytest.fixture(scope="module")
+def two_tiny_runs(tiny_model_dir, tmp_path_factory) -> list[Path]:
+    runs = []
+    for seed in (0, 1):
+        config = load_config("default", ["constraints=[protected_spans]", "operators=[{name: persona, n: 2}, "
+                                         "{name: instruction, n: 2}]"], budget=10, seed=seed)
+        out = tmp_path_factory.mktemp("report") / f"run{seed}"
+        api.search("seed", out, {"model": str(tiny_model_dir), "device": "cpu"}, config, limit=12)
+        runs.append(out)
+    return runs
+
+
+def test_report_is_self_contained_with_every_figure(two_tiny_runs, tmp_path):
+    out = tmp_path / "report.html"
+    result = runner.invoke(app, ["report", *map(str, two_tiny_runs), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    page = out.read_text()
+    assert not re.search(r"(src|href)=['\"]?(https?:|//)", page) and "http://" not in page
+    images = re.findall(r"src='data:image/png;base64,([A-Za-z0-9+/=]+)'", page)
+    assert len(images) == 4 and all(len(i) > 1000 for i in images)
+    for section in ("Headline", "ASR vs query budget", "ASR per category", "P(target) shift per item",
+                    "Letter-position bias", "Ten hardest prompts"):
+        assert section in page
+    markdown = out.with_suffix(".md").read_text()
+    score = json.loads((two_tiny_runs[0] / "score.json").read_text())
+    assert f"{score['clean']['accuracy']['value']:.3f}" in markdown and "| run |" in markdown
+
+
+def test_compare_on_real_runs_writes_files(two_tiny_runs, tmp_path):
+    result = runner.invoke(app, ["compare", *map(str, two_tiny_runs), "--out", str(tmp_path / "cmp")])
+    assert result.exit_code == 0, result.output
+    saved = json.loads((tmp_path / "cmp" / "compare.json").read_text())
+    assert saved["shared_items"] == 12 and saved["overall"]["clean accuracy"]["delta"] == 0  # same model
+    assert set(saved["per_category"]) == {it.category for it in load_items("seed", limit=12).items}
+    assert (tmp_path / "cmp" / "compare.md").exists()
+
+
+def test_report_needs_finished_runs(tmp_path):
+    with pytest.raises(FlexsearchError, match="no score.json"):
+        build_report([tmp_path])
