@@ -1,6 +1,7 @@
 # Two entry points for a fresh machine:
 #   make demo   set up, then search the embedded SmolLM2 on the seed set (split + score under runs/demo)
 #   make test   set up, then run the whole test suite
+#   make bench  set up, then run the benchmarks (appends to benchmarks/RESULTS.md)
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -8,7 +9,7 @@ BIN := $(VENV)/bin
 # only if you ask for it (see README, "GPU"). Pinning it keeps pip from pulling a multi-GB CUDA build.
 TORCH ?= torch==2.13.0
 
-.PHONY: setup demo test clean
+.PHONY: setup demo test bench clean
 
 $(BIN)/flexsearch: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +29,13 @@ demo: setup
 
 test: setup
 	$(BIN)/python -m pytest -q
+
+# Benchmarks against the peers (benchmarks/RESULTS.md gets each table appended). Needs ../shared/data/bbq.
+bench: setup
+	$(BIN)/python -m benchmarks.bench_scoring
+	$(BIN)/python -m benchmarks.bench_prefix
+	$(BIN)/python -m benchmarks.bench_resources
+	$(BIN)/python -m benchmarks.bench_attack
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info
