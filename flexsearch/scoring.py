@@ -48,12 +48,15 @@ def letter_token_ids(tokenizer, answer_prefix: str) -> list[int]:
     return ids
 
 
-def shared_prefix_groups(sequences: Sequence[Sequence[int]], min_prefix: int) -> list[tuple[int, list[int]]]:
+def shared_prefix_groups(sequences: Sequence[Sequence[int]], min_prefix: int,
+                         min_saving: float = 0.0) -> list[tuple[int, list[int]]]:
     """Groups sequence indices that share a token prefix of at least `min_prefix` tokens.
 
-    Returns (prefix length, indices) pairs; prefix length 0 means "score the full sequences" (one
-    group gathers all prompts that share no long prefix). The prefix always leaves at least one
-    token of every member to score.
+    A group is kept only when its shared prefix saves at least `min_saving` of the group's tokens:
+    each group costs a forward pass of its own and smaller batches, so a short prefix shared by a
+    few prompts is cheaper to recompute. Returns (prefix length, indices) pairs; prefix length 0
+    means "score the full sequences" (one group gathers all prompts left without a worthwhile
+    prefix). The prefix always leaves at least one token of every member to score.
     """
     order = sorted(range(len(sequences)), key=lambda i: tuple(sequences[i]))
     groups: list[tuple[int, list[int]]] = []
@@ -70,8 +73,12 @@ def shared_prefix_groups(sequences: Sequence[Sequence[int]], min_prefix: int) ->
                 groups[-1] = (common, [*members, index])
                 continue
         groups.append((len(seq) - 1, [index]))
-    shared = [(prefix_len, members) for prefix_len, members in groups if len(members) > 1]
-    alone = [members[0] for _, members in groups if len(members) == 1]
+    def worthwhile(prefix_len: int, members: list[int]) -> bool:
+        saved = prefix_len * (len(members) - 1)
+        return len(members) > 1 and saved >= min_saving * sum(len(sequences[i]) for i in members)
+
+    shared = [(p, members) for p, members in groups if worthwhile(p, members)]
+    alone = [i for p, members in groups if not worthwhile(p, members) for i in members]
     return shared + ([(0, alone)] if alone else [])  # prompts with no partner batch together
 
 
@@ -87,6 +94,7 @@ class Scorer:
         average_orders: bool = False,
         prefix_reuse: bool = True,
         min_shared_prefix: int = 16,
+        min_prefix_saving: float = 0.5,
     ) -> None:
         self.target = target
         self.fmt = fmt or PromptFormat()
@@ -94,6 +102,7 @@ class Scorer:
         self.average_orders = average_orders
         self.prefix_reuse = prefix_reuse
         self.min_shared_prefix = min_shared_prefix
+        self.min_prefix_saving = min_prefix_saving
         self.letter_ids = letter_token_ids(target.tokenizer, self.fmt.answer_prefix)
         self._prefix_tail = target.tokenizer.encode(self.fmt.answer_prefix, add_special_tokens=False)[-1]
         self.queries = 0  # prompts forwarded through the model (cache hits are free)
@@ -137,7 +146,8 @@ class Scorer:
                 raise FlexsearchError(f"prompt does not end in the answer prefix token: ...{prompt[-40:]!r}")
         result = np.zeros((len(sequences), 3))
         everything = [(0, list(range(len(sequences))))]
-        groups = shared_prefix_groups(sequences, self.min_shared_prefix) if self.prefix_reuse else everything
+        groups = (shared_prefix_groups(sequences, self.min_shared_prefix, self.min_prefix_saving)
+                  if self.prefix_reuse else everything)
         for prefix_len, members in groups:
             members = sorted(members, key=lambda i: len(sequences[i]))  # similar lengths → little padding
             prefix_cache = self._prefix_cache(sequences[members[0]][:prefix_len]) if prefix_len else None

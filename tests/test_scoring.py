@@ -64,7 +64,8 @@ def test_prefix_reuse_matches_full_scoring(tiny_target, seed_items):
     variants = [base.with_words("test", "question", k, w) for k, w in enumerate(["Which", "Whom", "Who"])]
     variants += [base.with_words("test", "question", 1, "person"), base]
     plain = Scorer(tiny_target, prefix_reuse=False, batch_size=2).score(variants).probs
-    reused = Scorer(tiny_target, prefix_reuse=True, batch_size=2, min_shared_prefix=8).score(variants).probs
+    reused = Scorer(tiny_target, prefix_reuse=True, batch_size=2, min_shared_prefix=8,
+                    min_prefix_saving=0.0).score(variants).probs
     assert np.abs(plain - reused).max() < 1e-5
 
 
@@ -73,6 +74,9 @@ def test_shared_prefix_groups():
     groups = shared_prefix_groups(seqs, min_prefix=3)
     assert {tuple(sorted(m)): p for p, m in groups} == {(0, 1, 3): 3, (2,): 0}
     assert shared_prefix_groups([[1, 2], [3, 4], [5, 6, 7]], 2) == [(0, [0, 1, 2])]
+    # a short prefix shared by a few long prompts saves too little to be worth its own forward pass
+    assert shared_prefix_groups([[1, 2, 3, *range(10, 20)], [1, 2, 3, *range(30, 40)]], 2, 0.5) == [(0, [0, 1])]
+    assert shared_prefix_groups([[*range(10), 50], [*range(10), 60]], 2, 0.4) == [(10, [0, 1])]
     # the prefix never swallows a whole sequence
     assert shared_prefix_groups([[1, 2, 3], [1, 2, 3, 4]], 2) == [(2, [0, 1])]
 
