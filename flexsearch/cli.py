@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Annotated
 
@@ -176,6 +177,42 @@ def finetune(
     except FlexsearchError as err:
         _fail(err)
     typer.echo(f"wrote adapter {out}: {stats}")
+
+
+@app.command()
+def tune(
+    space: Annotated[str, typer.Option(help="Search space: a name in configs/tune/ or a YAML path.")],
+    model: ModelOpt = "smollm2",
+    data: Annotated[str, typer.Option(help="BBQ .jsonl, FLEX .csv, or 'seed'.")] = "seed",
+    trials: Annotated[int, typer.Option(help="Finished trials the study should hold (over all workers).")] = 20,
+    budget: Annotated[int, typer.Option(help="Prompts scored per item in every trial.")] = 40,
+    out: Annotated[Path | None, typer.Option(help="Run directory (default runs/tune-<space>).")] = None,
+    storage: Annotated[str | None, typer.Option(help="Optuna RDB URL shared by several workers "
+                                                     "(default: sqlite file in the run directory).")] = None,
+    dev_items: Annotated[int, typer.Option(help="Items each trial searches.")] = 24,
+    holdout_items: Annotated[int, typer.Option(help="Items kept out of tuning for the held-out check.")] = 24,
+    holdout: Annotated[bool, typer.Option(help="Re-run the best and the default config on held-out items.")] = True,
+    seed: int = 0,
+    adapter: AdapterOpt = None,
+    device: DeviceOpt = None,
+    dtype: DtypeOpt = None,
+) -> None:
+    """Optuna study over search configurations: best config YAML, trials CSV, importances, held-out check."""
+    from flexsearch.items import load_items
+    from flexsearch.model import load_target
+    from flexsearch.tune import load_space, run_study
+
+    try:
+        loaded_space = load_space(space)
+        run = _run_dir(out, f"tune-{Path(space).stem}")
+        target = load_target(model, adapter=adapter, device=device, dtype=dtype)
+        summary = run_study(target, load_items(data).items, loaded_space, run, trials=trials, budget=budget,
+                            storage=storage, dev_items=dev_items, holdout_items=holdout_items, seed=seed,
+                            holdout=holdout)
+    except FlexsearchError as err:
+        _fail(err)
+    typer.echo(json.dumps(summary, indent=2))
+    typer.echo(f"wrote {run}/best_config.yaml, trials.csv, tune.json, report.html")
 
 
 @app.command("list")

@@ -29,7 +29,7 @@ HEADLINE = [("clean accuracy", ("clean", "accuracy")), ("attacked accuracy", ("a
 HARDEST = 10
 
 
-def _png(draw: Callable[[plt.Axes], None], width: float = 6.4, height: float = 3.4) -> str:
+def png(draw: Callable[[plt.Axes], None], width: float = 6.4, height: float = 3.4) -> str:
     figure, axes = plt.subplots(figsize=(width, height))
     draw(axes)
     figure.tight_layout()
@@ -80,7 +80,7 @@ def _figures(reports: list[RunReport]) -> dict[str, str]:
         ax.set_ylim(0, 1)
         ax.legend(fontsize=7)
 
-    figures["ASR vs query budget"] = _png(budget_curves)
+    figures["ASR vs query budget"] = png(budget_curves)
 
     def category_bars(ax: plt.Axes) -> None:
         categories = sorted({c for r in reports for c in r.score.get("per_category", {})})
@@ -102,7 +102,7 @@ def _figures(reports: list[RunReport]) -> dict[str, str]:
         ax.set_ylim(0, 1)
         ax.legend(fontsize=7)
 
-    figures["ASR per category"] = _png(category_bars, height=3.8)
+    figures["ASR per category"] = png(category_bars, height=3.8)
 
     def shift_histogram(ax: plt.Axes) -> None:
         for r in reports:
@@ -114,7 +114,7 @@ def _figures(reports: list[RunReport]) -> dict[str, str]:
         ax.set_ylabel("items")
         ax.legend(fontsize=7)
 
-    figures["P(target) shift per item"] = _png(shift_histogram)
+    figures["P(target) shift per item"] = png(shift_histogram)
 
     def letter_bias(ax: plt.Axes) -> None:
         width = 0.8 / max(1, len(reports))
@@ -127,7 +127,7 @@ def _figures(reports: list[RunReport]) -> dict[str, str]:
         ax.set_ylim(0, 1)
         ax.legend(fontsize=7)
 
-    figures["Letter-position bias"] = _png(letter_bias, height=3.0)
+    figures["Letter-position bias"] = png(letter_bias, height=3.0)
     return figures
 
 
