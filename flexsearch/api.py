@@ -93,8 +93,11 @@ def _check_or_write_config(out: Path, resolved: dict[str, Any]) -> None:
 
 
 def search(data: str, out: Path, target: dict[str, Any], config: SearchConfig,
-           limit: int | None = None) -> str:
-    """Runs (or resumes) a search into `out`; writes the split and the score; returns a summary."""
+           limit: int | None = None, ray: dict[str, Any] | None = None) -> str:
+    """Runs (or resumes) a search into `out`; writes the split and the score; returns a summary.
+
+    With `ray` (search_on_ray's keyword options) the items are searched by Ray workers; the run
+    directory, and so resume, is the same either way."""
     loaded = load_items(data, limit=limit)
     scorer = build_scorer(dict(target), asdict(config.scoring))
     resolved = {"command": "search", "data": data, "limit": limit, "model": scorer.target.info,
@@ -107,16 +110,25 @@ def search(data: str, out: Path, target: dict[str, Any], config: SearchConfig,
     if config.control and config.objective != "anti_stereotype":
         objectives.append("anti_stereotype")
     items = loaded.items
+    retries = 0
     with tqdm(total=len(items) * len(objectives), desc="search", unit="item") as bar:
         bar.update(sum((o, it.id) in done for o in objectives for it in items))
         for objective in objectives:
             todo = [it for it in items if (objective, it.id) not in done]
             if not todo:
                 continue
-            ctx = build_context(config, scorer, objective)
-            for outcome in run_search(todo, ctx, objective, progress=bar,
-                                      on_batch_done=lambda batch: append_jsonl(trace, [o.to_record() for o in batch])):
-                done[(objective, outcome.item.id)] = outcome.to_record()
+
+            def keep(records: list[dict[str, Any]], objective: str = objective) -> None:
+                append_jsonl(trace, records)
+                done.update({(objective, r["item_id"]): r for r in records})
+
+            if ray is not None:
+                from flexsearch.distributed import search_on_ray
+
+                retries += search_on_ray(todo, config, target, objective, keep, bar, **ray)
+            else:
+                run_search(todo, build_context(config, scorer, objective), objective, progress=bar,
+                           on_batch_done=lambda batch: keep([o.to_record() for o in batch]))
     rows = [split_row(done[(config.objective, it.id)], it,
                       render(replay(it, done[(config.objective, it.id)]["chain"],
                                     tuple(done[(config.objective, it.id)]["option_order"])),
@@ -129,6 +141,7 @@ def search(data: str, out: Path, target: dict[str, Any], config: SearchConfig,
         "data": data, "model": scorer.target.info, "items": len(items),
         "skipped": sum(loaded.skipped.values()), "skipped_reasons": dict(loaded.skipped),
         "method": config.method, "budget": config.budget, "average_orders": config.scoring.average_orders,
+        "backend": "ray" if ray is not None else "local", "worker_retries": retries,
         **robustness_score(items, arrays[config.objective], arrays.get("anti_stereotype"), config.budget, letters),
     }
     atomic_write_json(out / "score.json", score)

@@ -82,6 +82,10 @@ def search(
     seed: Annotated[int | None, typer.Option(help="Random seed.")] = None,
     set_: Annotated[list[str] | None, typer.Option("--set", help="Override a config key: key=value "
                                                                   "(e.g. scoring.batch_size=8).")] = None,
+    backend: Annotated[str, typer.Option(help="local, or ray to spread items over Ray workers.")] = "local",
+    ray_address: Annotated[str | None, typer.Option(help="Join this Ray cluster (default: start a local one).")] = None,
+    workers: Annotated[int, typer.Option(help="Ray workers (each loads the model once).")] = 2,
+    gpus_per_worker: Annotated[float, typer.Option(help="GPUs per Ray worker (0: CPU).")] = 0,
     adapter: AdapterOpt = None,
     device: DeviceOpt = None,
     dtype: DtypeOpt = None,
@@ -96,7 +100,11 @@ def search(
                                seed=seed)
         run = _run_dir(out, f"{Path(data).stem}-{Path(config).stem}")
         target = dict(model=model, adapter=adapter, device=device, dtype=dtype, trust_remote_code=trust_remote_code)
-        table = api.search(data, run, target, resolved, limit=limit)
+        if backend not in ("local", "ray"):
+            raise FlexsearchError(f"unknown backend '{backend}' (choose local or ray)")
+        ray = ({"workers": workers, "address": ray_address, "gpus_per_worker": gpus_per_worker}
+               if backend == "ray" else None)
+        table = api.search(data, run, target, resolved, limit=limit, ray=ray)
     except FlexsearchError as err:
         _fail(err)
     typer.echo(table)

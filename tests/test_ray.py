@@ -1,0 +1,73 @@
+"""The Ray backend on a local Ray instance with the tiny model: same split as one process; a killed
+worker's items are re-queued and the split is complete."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from flexsearch import api
+from flexsearch.config import load_config
+
+ray = pytest.importorskip("ray")
+SETTINGS = ["constraints=[protected_spans, unique_positions, polarity_guard]",
+            "operators=[{name: persona, n: 2}, {name: instruction, n: 2}, "
+            "{name: textbugger, bugs: [insert, delete, swap, sub_c], positions: 1, per_position: 2}]",
+            "item_batch=2"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def local_ray():
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    yield
+    ray.shutdown()
+
+
+def read(run: Path, name: str) -> list[dict]:
+    return [json.loads(line) for line in (run / name).read_text().splitlines()]
+
+
+def test_two_workers_match_the_single_process_run(tiny_model_dir, tmp_path):
+    config = load_config("default", SETTINGS, budget=10)
+    target = {"model": str(tiny_model_dir), "device": "cpu"}
+    api.search("seed", tmp_path / "local", target, config, limit=8)
+    api.search("seed", tmp_path / "ray", target, config, limit=8, ray={"workers": 2})
+    local, distributed = read(tmp_path / "local", "split.jsonl"), read(tmp_path / "ray", "split.jsonl")
+    assert [r["attack_chain"] for r in local] == [r["attack_chain"] for r in distributed]
+    assert [r["queries"] for r in local] == [r["queries"] for r in distributed]
+    for a, b in zip(local, distributed, strict=True):
+        assert abs(a["p_target_attacked"] - b["p_target_attacked"]) < 1e-5
+    score_local = json.loads((tmp_path / "local" / "score.json").read_text())
+    score_ray = json.loads((tmp_path / "ray" / "score.json").read_text())
+    assert score_ray["backend"] == "ray" and score_ray["worker_retries"] == 0
+    for key in ("stereotype", "anti_stereotype"):
+        assert score_local[key]["asr"] == score_ray[key]["asr"]
+
+
+def test_a_killed_worker_loses_nothing(tiny_model_dir, tmp_path):
+    config = load_config("default", [*SETTINGS[:2], "item_batch=1"], budget=12)
+    run = tmp_path / "killed"
+    target = {"model": str(tiny_model_dir), "device": "cpu"}
+    search = threading.Thread(target=api.search, args=("seed", run, target, config),
+                              kwargs={"limit": 16, "ray": {"workers": 2}})
+    search.start()
+    deadline = time.time() + 300
+    while time.time() < deadline and (not (run / "trace.jsonl").exists()
+                                      or len((run / "trace.jsonl").read_text().splitlines()) < 2):
+        time.sleep(0.1)
+    pids = subprocess.run(["pgrep", "-f", "ray::SearchWorker"], capture_output=True, text=True).stdout.split()
+    assert pids, "no Ray worker process found"
+    os.kill(int(pids[0]), signal.SIGKILL)
+    search.join(timeout=600)
+    assert not search.is_alive()
+    trace = [(r["objective"], r["item_id"]) for r in read(run, "trace.jsonl")]
+    assert len(trace) == len(set(trace)) == 32  # 16 items × 2 objectives, none lost, none twice
+    assert len(read(run, "split.jsonl")) == 16
+    assert json.loads((run / "score.json").read_text())["worker_retries"] >= 1
