@@ -5,14 +5,14 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 from functools import lru_cache
+from typing import Any
 
 import numpy as np
 import torch
 
-from flexsearch.attacks.base import OPERATORS, AttackResources, Position
-from flexsearch.attacks.constraints import sample_positions
+from flexsearch.attacks.base import OPERATORS, AttackResources
 from flexsearch.attacks.textbugger import match_case, split_word
-from flexsearch.candidate import Candidate
+from flexsearch.attacks.word import WordOperator
 from flexsearch.errors import FlexsearchError
 
 
@@ -31,10 +31,8 @@ def load_masked_lm(name: str):
 
 
 @OPERATORS.register("bert_attack")
-class BertAttack:
+class BertAttack(WordOperator):
     """Masked-LM substitutes (any Hugging Face fill-mask model), sub-word words handled piece by piece."""
-
-    edits_words = True
 
     def __init__(self, resources: AttackResources, model: str = "bert-base-uncased", k: int = 8,
                  positions: int = 2, per_position: int = 4, max_pieces: int = 3) -> None:
@@ -77,14 +75,7 @@ class BertAttack:
                 break
         return out
 
-    def propose(self, candidate: Candidate, rng: np.random.Generator,
-                positions: Sequence[Position] | None = None) -> list[Candidate]:
-        if positions is None:
-            positions = sample_positions(candidate, rng, self.positions)
-        children = []
-        for field_name, index in positions:
-            words = candidate.words(field_name)
-            lead, _, trail = split_word(words[index])
-            for substitute in self.substitutes(words, index)[: self.per_position]:
-                children.append(candidate.with_words(self.name, field_name, index, f"{lead}{substitute}{trail}"))
-        return children
+    def replacements(self, words: Sequence[str], index: int,
+                     rng: np.random.Generator) -> list[tuple[str, dict[str, Any]]]:
+        lead, _, trail = split_word(words[index])
+        return [(f"{lead}{substitute}{trail}", {}) for substitute in self.substitutes(words, index)]

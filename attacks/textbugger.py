@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
-from flexsearch.attacks.base import OPERATORS, AttackResources, Position
-from flexsearch.attacks.constraints import sample_positions
+from flexsearch.attacks.base import OPERATORS, AttackResources
 from flexsearch.attacks.neighbours import EmbeddingNeighbours, NeighbourSource, WordNetNeighbours
-from flexsearch.candidate import Candidate
+from flexsearch.attacks.word import WordOperator
 from flexsearch.errors import FlexsearchError
 
 # Visually similar substitutes (Sub-C).
@@ -57,10 +57,8 @@ def match_case(template: str, word: str) -> str:
 
 
 @OPERATORS.register("textbugger")
-class TextBugger:
+class TextBugger(WordOperator):
     """Character bugs (insert space, delete, swap, look-alike) and Sub-W neighbour swaps on chosen words."""
-
-    edits_words = True
 
     def __init__(self, resources: AttackResources, bugs: Sequence[str] = BUGS, positions: int = 2,
                  per_position: int = 3, neighbours: str = "wordnet", vectors: str | None = None,
@@ -79,14 +77,8 @@ class TextBugger:
             out += [("sub_w", match_case(word, n)) for n in self.source.neighbours(word, self.k)]
         return [(bug, f"{lead}{v}{trail}") for bug, v in out if v != word]
 
-    def propose(self, candidate: Candidate, rng: np.random.Generator,
-                positions: Sequence[Position] | None = None) -> list[Candidate]:
-        if positions is None:
-            positions = sample_positions(candidate, rng, self.positions)
-        children = []
-        for field_name, index in positions:
-            options = self.variants(candidate.words(field_name)[index])
-            for k in sorted(rng.permutation(len(options))[: self.per_position]):
-                bug, token = options[k]
-                children.append(candidate.with_words(self.name, field_name, index, token, bug=bug))
-        return children
+    def replacements(self, words: Sequence[str], index: int,
+                     rng: np.random.Generator) -> list[tuple[str, dict[str, Any]]]:
+        options = self.variants(words[index])
+        picked = sorted(rng.permutation(len(options))[: self.per_position])
+        return [(options[k][1], {"bug": options[k][0]}) for k in picked]

@@ -53,19 +53,26 @@ class SearchConfig:
             raise FlexsearchError("budget must allow the clean prompt and at least one attack (>= 2)")
 
 
-def preset_path(name_or_path: str) -> Path:
-    """A YAML path, or the name of a preset in configs/ (e.g. 'default', 'flex')."""
+def packaged_yaml(name_or_path: str, folder: str = "", kind: str = "config preset") -> Path:
+    """A YAML path, or the name of a file shipped in configs/ (or a folder of it, e.g. 'tune')."""
     path = Path(name_or_path)
     if path.suffix in (".yaml", ".yml"):
         if not path.exists():
-            raise FlexsearchError(f"config file not found: {path}")
+            raise FlexsearchError(f"{kind} file not found: {path}")
         return path
-    preset = resources.files("flexsearch.configs").joinpath(f"{name_or_path}.yaml")
-    if not preset.is_file():
-        known = sorted(p.name.removesuffix(".yaml") for p in resources.files("flexsearch.configs").iterdir()
-                       if p.name.endswith(".yaml"))
-        raise FlexsearchError(f"unknown config preset '{name_or_path}' (known: {', '.join(known)})")
-    return Path(str(preset))
+    shipped = resources.files("flexsearch.configs")
+    if folder:
+        shipped = shipped.joinpath(folder)
+    found = shipped.joinpath(f"{name_or_path}.yaml")
+    if not found.is_file():
+        known = sorted(p.name.removesuffix(".yaml") for p in shipped.iterdir() if p.name.endswith(".yaml"))
+        raise FlexsearchError(f"unknown {kind} '{name_or_path}' (known: {', '.join(known)})")
+    return Path(str(found))
+
+
+def preset_path(name_or_path: str) -> Path:
+    """A YAML path, or the name of a preset in configs/ (e.g. 'default', 'flex')."""
+    return packaged_yaml(name_or_path)
 
 
 def _build(cls: type, data: dict[str, Any], where: str) -> Any:

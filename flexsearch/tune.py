@@ -23,7 +23,6 @@ import io
 import math
 import time
 from dataclasses import asdict
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +31,7 @@ import optuna
 import sqlalchemy
 import yaml
 
-from flexsearch.config import SearchConfig, load_config, preset_path
+from flexsearch.config import SearchConfig, load_config, packaged_yaml, preset_path
 from flexsearch.errors import FlexsearchError
 from flexsearch.items import Item
 from flexsearch.model import TargetModel
@@ -45,21 +44,8 @@ STUDY_NAME = "flexsearch"
 QUERY_TIE_BREAK = 1e-3  # value = ASR − this × mean queries / budget: equal ASR, fewer queries wins
 
 
-def space_path(name_or_path: str) -> Path:
-    """A YAML path, or the name of a space in configs/tune/ (e.g. 'operator_families')."""
-    path = Path(name_or_path)
-    if path.suffix in (".yaml", ".yml"):
-        if not path.exists():
-            raise FlexsearchError(f"search space file not found: {path}")
-        return path
-    found = resources.files("flexsearch.configs").joinpath("tune", f"{name_or_path}.yaml")
-    if not found.is_file():
-        raise FlexsearchError(f"unknown tuning space '{name_or_path}' (see configs/tune/)")
-    return Path(str(found))
-
-
 def load_space(name_or_path: str) -> dict[str, Any]:
-    path = space_path(name_or_path)
+    path = packaged_yaml(name_or_path, "tune", "tuning space")
     space = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     if not isinstance(space.get("params"), dict) or not space["params"]:
         raise FlexsearchError(f"{path}: expected a 'params' mapping")
