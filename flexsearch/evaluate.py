@@ -26,10 +26,9 @@ def score_all(scorer: Scorer, candidates: Sequence[Candidate], desc: str = "scor
             parts.append(scorer.score(candidates[start : start + PROGRESS_CHUNK]))
             bar.update(len(parts[-1].probs))
     if not parts:
-        return Scores(np.zeros((0, 3)), np.zeros(0, dtype=int), np.zeros((0, 1, 3)))
+        return Scores(np.zeros((0, 3)), np.zeros((0, 1, 3)))
     return Scores(
         probs=np.concatenate([p.probs for p in parts]),
-        fresh=np.concatenate([p.fresh for p in parts]),
         letters=np.concatenate([p.letters for p in parts]),
     )
 

@@ -27,7 +27,6 @@ class Scores:
     """Answer distributions for a list of candidates."""
 
     probs: np.ndarray  # (N, 3): P(answer index), averaged over option orders when asked
-    fresh: np.ndarray  # (N,): prompts actually forwarded for each candidate (cache misses)
     letters: np.ndarray  # (N, orders, 3): P(A), P(B), P(C) of each rendered prompt, for letter bias
 
 
@@ -121,21 +120,16 @@ class Scorer:
         rendered = [self.prompts(c) for c in candidates]
         flat = [prompt for per_candidate in rendered for prompt, _ in per_candidate]
         missing = list(dict.fromkeys(p for p in flat if p not in self._cache))
-        fresh_prompts = set(missing)
         if missing:
             for prompt, row in zip(missing, self.letter_probs_uncached(missing), strict=True):
                 self._cache[prompt] = row
         probs = np.zeros((len(candidates), 3))
-        fresh = np.zeros(len(candidates), dtype=int)
         letters = np.array([[self._cache[p] for p, _ in per_candidate] for per_candidate in rendered])
         for i, per_candidate in enumerate(rendered):
             for prompt, order in per_candidate:
-                if prompt in fresh_prompts:
-                    fresh[i] += 1
-                    fresh_prompts.discard(prompt)  # a prompt shared by two candidates is paid once
                 for slot, answer in enumerate(order):
                     probs[i, answer] += self._cache[prompt][slot] / len(per_candidate)
-        return Scores(probs=probs, fresh=fresh, letters=letters.reshape(len(candidates), -1, 3))
+        return Scores(probs=probs, letters=letters.reshape(len(candidates), -1, 3))
 
     def letter_probs_uncached(self, prompts: Sequence[str]) -> np.ndarray:
         """P(A), P(B), P(C) for each prompt (letters in displayed order); no caching."""

@@ -91,6 +91,7 @@ class ItemState:
         return fresh[: max(0, (self.budget - self.queries) // self.cost_per_candidate)]
 
     def record(self, request: Request, probs: np.ndarray) -> None:
+        self.seen.update(prompt_key(c) for c in request.candidates)  # the clean prompt is never paid twice
         if self.clean_probs is None:
             self.clean_probs = probs[0]
         if request.probe:
@@ -308,7 +309,9 @@ def run_search(
                 request, state = pending[i], states[i]
                 span = slice(offset, offset + len(request.candidates))
                 offset = span.stop
-                state.queries += int(scores.fresh[span].sum())
+                # An item pays for every distinct prompt its search asks for, whether or not the
+                # shared cache already held it: the budget then does not depend on other searches.
+                state.queries += len(request.candidates) * state.cost_per_candidate
                 state.record(request, scores.probs[span])
                 try:
                     pending[i] = methods[i].send(scores.probs[span])

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from flexsearch import api
 from flexsearch.config import load_config
@@ -37,7 +38,12 @@ def read(run: Path, name: str) -> list[dict]:
 def test_two_workers_match_the_single_process_run(tiny_model_dir, tmp_path):
     config = load_config("default", SETTINGS, budget=10)
     target = {"model": str(tiny_model_dir), "device": "cpu"}
-    api.search("seed", tmp_path / "local", target, config, limit=8)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as in a one-CPU Ray worker, so both runs do the same float arithmetic
+    try:
+        api.search("seed", tmp_path / "local", target, config, limit=8)
+    finally:
+        torch.set_num_threads(threads)
     api.search("seed", tmp_path / "ray", target, config, limit=8, ray={"workers": 2})
     local, distributed = read(tmp_path / "local", "split.jsonl"), read(tmp_path / "ray", "split.jsonl")
     assert [r["attack_chain"] for r in local] == [r["attack_chain"] for r in distributed]

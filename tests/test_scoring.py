@@ -84,9 +84,9 @@ def test_shared_prefix_groups():
 def test_cache_counts_each_prompt_once(tiny_scorer, seed_items):
     candidates = roots(seed_items, 3)
     first = tiny_scorer.score([*candidates, candidates[0]])
-    assert list(first.fresh) == [1, 1, 1, 0] and tiny_scorer.queries == 3
+    assert tiny_scorer.queries == 3  # the repeated candidate is scored once
     again = tiny_scorer.score(candidates)
-    assert list(again.fresh) == [0, 0, 0] and tiny_scorer.queries == 3
+    assert tiny_scorer.queries == 3
     assert np.allclose(again.probs, first.probs[:3])
 
 
