@@ -29,9 +29,10 @@ def workload(n_items: int, edits: int, seed: int = 0) -> list[Candidate]:
                                "per_position": 4}, AttackResources())
     out: list[Candidate] = []
     for item in bbq_items("Age", n_items, condition="ambig"):
-        persona = " ".join(fill(t, item) for family in PERSONA_FAMILIES.values() for t in family[:2])
+        # About 300 tokens of instruction: one persona per family and ten instructions.
+        persona = " ".join(fill(family[0], item) for family in PERSONA_FAMILIES.values())
         root = Candidate.root(item).with_slot("persona", "persona", persona).with_slot(
-            "instruction", "directive", " ".join(INSTRUCTIONS))
+            "instruction", "directive", " ".join(INSTRUCTIONS[:10]))
         positions = [("question", i) for i in range(len(root.question_words))]
         proposals: list[Candidate] = []
         while len(proposals) < edits:

@@ -11,6 +11,9 @@ from typing import Any
 
 import yaml
 
+_UMASK = os.umask(0o022)
+os.umask(_UMASK)  # read once: the process umask, to give written files ordinary permissions
+
 
 def atomic_write_text(path: Path, text: str) -> None:
     """Writes via a temporary file and rename, so readers see the old or the new file, never half."""
@@ -21,6 +24,7 @@ def atomic_write_text(path: Path, text: str) -> None:
             handle.write(text)
             handle.flush()
             os.fsync(handle.fileno())
+        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes owner-only files; outputs are for sharing
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

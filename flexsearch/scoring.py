@@ -68,7 +68,9 @@ def shared_prefix_groups(sequences: Sequence[Sequence[int]], min_prefix: int,
             common = 0
             while common < limit and first[common] == seq[common]:
                 common += 1
-            if common >= min_prefix:
+            # Join when the group then saves at least as many tokens as before: a long prefix shared
+            # by many prompts is not traded for a short one shared by one more.
+            if common >= min_prefix and common * len(members) >= prefix_len * (len(members) - 1):
                 groups[-1] = (common, [*members, index])
                 continue
         groups.append((len(seq) - 1, [index]))

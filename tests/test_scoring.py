@@ -77,6 +77,11 @@ def test_shared_prefix_groups():
     # a short prefix shared by a few long prompts saves too little to be worth its own forward pass
     assert shared_prefix_groups([[1, 2, 3, *range(10, 20)], [1, 2, 3, *range(30, 40)]], 2, 0.5) == [(0, [0, 1])]
     assert shared_prefix_groups([[*range(10), 50], [*range(10), 60]], 2, 0.4) == [(10, [0, 1])]
+    # two families with long prefixes of their own, sharing a short one, stay two groups
+    family_a = [[1, 2, 3, *range(100, 120), k] for k in range(4)]
+    family_b = [[1, 2, 3, *range(200, 220), k] for k in range(4)]
+    assert sorted((p, sorted(m)) for p, m in shared_prefix_groups(family_a + family_b, 2, 0.5)) == [
+        (23, [0, 1, 2, 3]), (23, [4, 5, 6, 7])]
     # the prefix never swallows a whole sequence
     assert shared_prefix_groups([[1, 2, 3], [1, 2, 3, 4]], 2) == [(2, [0, 1])]
 
