@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated
 
@@ -22,9 +24,14 @@ OrdersOpt = Annotated[bool, typer.Option(help="Average over the three cyclic opt
 BatchOpt = Annotated[int, typer.Option(help="Prompts per forward pass (halved on out-of-memory).")]
 
 
-def _fail(err: Exception) -> None:
-    typer.secho(f"error: {err}", fg=typer.colors.RED, err=True)
-    raise typer.Exit(2)
+@contextmanager
+def user_errors() -> Iterator[None]:
+    """Turns a FlexsearchError (bad input or settings) into one red line and exit code 2."""
+    try:
+        yield
+    except FlexsearchError as err:
+        typer.secho(f"error: {err}", fg=typer.colors.RED, err=True)
+        raise typer.Exit(2) from None
 
 
 def _run_dir(out: Path | None, default_name: str) -> Path:
@@ -49,7 +56,7 @@ def evaluate(
     """Score items clean (or re-score an emitted split) and report accuracy, bias and confounds."""
     from flexsearch import api
 
-    try:
+    with user_errors():
         if (data is None) == (split is None):
             raise FlexsearchError("give exactly one of --data or --split")
         target = dict(model=model, adapter=adapter, device=device, dtype=dtype, trust_remote_code=trust_remote_code)
@@ -60,8 +67,6 @@ def evaluate(
         else:
             run = _run_dir(out, f"{Path(str(data)).stem}-eval")
             table = api.evaluate_data(str(data), run, target, scoring, limit=limit)
-    except FlexsearchError as err:
-        _fail(err)
     typer.echo(table)
     typer.echo(f"wrote {run}/score.json")
 
@@ -95,7 +100,7 @@ def search(
     from flexsearch import api
     from flexsearch.config import load_config
 
-    try:
+    with user_errors():
         resolved = load_config(config, set_, budget=budget, method=method, objective=objective, control=control,
                                seed=seed)
         run = _run_dir(out, f"{Path(data).stem}-{Path(config).stem}")
@@ -105,8 +110,6 @@ def search(
         ray = ({"workers": workers, "address": ray_address, "gpus_per_worker": gpus_per_worker}
                if backend == "ray" else None)
         table = api.search(data, run, target, resolved, limit=limit, ray=ray)
-    except FlexsearchError as err:
-        _fail(err)
     typer.echo(table)
     typer.echo(f"wrote {run}/split.csv, split.jsonl, score.json, trace.jsonl, config.yaml")
 
@@ -123,10 +126,8 @@ def mutate(
     """Print accepted mutations of one item by one operator, with their edits (no model needed)."""
     from flexsearch import api
 
-    try:
+    with user_errors():
         typer.echo(api.mutate(data, item, operator, n, set_ or [], seed))
-    except FlexsearchError as err:
-        _fail(err)
 
 
 @app.command()
@@ -138,10 +139,8 @@ def compare(
     """Paired comparison of two runs on their shared items: deltas, bootstrap intervals, Holm flags."""
     from flexsearch import api
 
-    try:
+    with user_errors():
         typer.echo(api.compare(run_a, run_b, out))
-    except FlexsearchError as err:
-        _fail(err)
 
 
 @app.command()
@@ -153,10 +152,8 @@ def report(
     """Write a self-contained HTML report (inline figures) and its Markdown twin."""
     from flexsearch.report import write_report
 
-    try:
+    with user_errors():
         markdown = write_report(runs, out)
-    except FlexsearchError as err:
-        _fail(err)
     typer.echo(f"wrote {out} and {markdown}")
 
 
@@ -178,12 +175,10 @@ def finetune(
     from flexsearch.items import load_items
     from flexsearch.model import load_target
 
-    try:
+    with user_errors():
         target = load_target(model, device=device, dtype="float32")  # fp32 master weights for stable updates
         stats = train_lora(target, load_items(data, limit=limit).items, out, steps=steps, batch_size=batch_size,
                            learning_rate=learning_rate, rank=rank, seed=seed)
-    except FlexsearchError as err:
-        _fail(err)
     typer.echo(f"wrote adapter {out}: {stats}")
 
 
@@ -210,15 +205,13 @@ def tune(
     from flexsearch.model import load_target
     from flexsearch.tune import load_space, run_study
 
-    try:
+    with user_errors():
         loaded_space = load_space(space)
         run = _run_dir(out, f"tune-{Path(space).stem}")
         target = load_target(model, adapter=adapter, device=device, dtype=dtype)
         summary = run_study(target, load_items(data).items, loaded_space, run, trials=trials, budget=budget,
                             storage=storage, dev_items=dev_items, holdout_items=holdout_items, seed=seed,
                             holdout=holdout)
-    except FlexsearchError as err:
-        _fail(err)
     typer.echo(json.dumps(summary, indent=2))
     typer.echo(f"wrote {run}/best_config.yaml, trials.csv, tune.json, report.html")
 
