@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -203,7 +202,7 @@ def tune(
     """Optuna study over search configurations: best config YAML, trials CSV, importances, held-out check."""
     from flexsearch.items import load_items
     from flexsearch.model import load_target
-    from flexsearch.tune import load_space, run_study
+    from flexsearch.tune import format_tune_table, load_space, run_study
 
     with user_errors():
         loaded_space = load_space(space)
@@ -212,7 +211,7 @@ def tune(
         summary = run_study(target, load_items(data).items, loaded_space, run, trials=trials, budget=budget,
                             storage=storage, dev_items=dev_items, holdout_items=holdout_items, seed=seed,
                             holdout=holdout)
-    typer.echo(json.dumps(summary, indent=2))
+    typer.echo(format_tune_table(summary))
     typer.echo(f"wrote {run}/best_config.yaml, trials.csv, tune.json, report.html")
 
 

@@ -1,10 +1,13 @@
 """`flexsearch tune`: Optuna studies over search configurations, for attack-research ablations.
 
 A trial is a search (stereotype objective, no control) on a development slice of items with a fixed
-per-item query budget; its value is ASR, ties broken toward fewer queries. The search space is a
-YAML file (configs/tune/*.yaml):
+per-item query budget; its value is ASR, ties broken toward fewer queries. Only attack-eligible items
+(clean answer correct, gold answer not the stereotyped one) enter the development and held-out
+slices, since no other item can move ASR. The search space is a YAML file (configs/tune/*.yaml):
 
     base: default              # the preset each trial starts from
+    sampler: tpe               # or grid: every combination of categorical params, once (ablations)
+    pruning: true              # stop clearly bad trials after a few item batches
     params:
       method: {categorical: [greedy, beam, evolutionary]}
       beam_width: {int: [1, 4]}
@@ -22,7 +25,7 @@ import csv
 import io
 import math
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,12 +33,15 @@ import numpy as np
 import optuna
 import sqlalchemy
 import yaml
+from tqdm.auto import tqdm
 
+from flexsearch.candidate import Candidate
 from flexsearch.config import SearchConfig, load_config, packaged_yaml, preset_path
 from flexsearch.errors import FlexsearchError
 from flexsearch.items import Item
+from flexsearch.metrics import mean_with_interval, metric_text
 from flexsearch.model import TargetModel
-from flexsearch.objectives import attack_eligible
+from flexsearch.objectives import Objective, attack_eligible, get_objective
 from flexsearch.runio import atomic_write_json, atomic_write_text, atomic_write_yaml
 from flexsearch.scoring import Scorer
 from flexsearch.search import ItemOutcome, build_context, run_search
@@ -53,6 +59,12 @@ def load_space(name_or_path: str) -> dict[str, Any]:
         if not (isinstance(spec, dict) and len(spec) == 1 and next(iter(spec)) in ("categorical", "int", "float")):
             raise FlexsearchError(f"{path}: param '{name}' must be {{categorical: [...]}}, {{int: [lo, hi]}} "
                                   "or {float: [lo, hi]}")
+    if space.setdefault("sampler", "tpe") not in ("tpe", "grid"):
+        raise FlexsearchError(f"{path}: sampler must be 'tpe' or 'grid', not {space['sampler']!r}")
+    if space["sampler"] == "grid" and any("categorical" not in spec for spec in space["params"].values()):
+        raise FlexsearchError(f"{path}: the grid sampler needs every param to be categorical")
+    if not isinstance(space.setdefault("pruning", True), bool):
+        raise FlexsearchError(f"{path}: pruning must be true or false")
     preset_path(space.get("base", "default"))  # fail early on an unknown base preset
     return space
 
@@ -100,40 +112,79 @@ def apply_params(base: SearchConfig, values: dict[str, Any]) -> SearchConfig:
                        scoring=data["scoring"])
 
 
-def asr_of(outcomes: list[ItemOutcome], objective) -> tuple[float, float]:
-    """(ASR over eligible items, mean queries)."""
-    wins = [o.success for o in outcomes if attack_eligible(objective, o.item, o.clean_probs)]
-    return (float(np.mean(wins)) if wins else 0.0), float(np.mean([o.queries for o in outcomes]))
+@dataclass
+class ConfigScore:
+    """A config's attack on a slice: per-item success over eligible items, and mean queries per item."""
+
+    wins: dict[str, bool]
+    mean_queries: float
+
+    @property
+    def asr(self) -> float:
+        return float(np.mean(list(self.wins.values()))) if self.wins else 0.0
+
+    def asr_interval(self) -> dict[str, Any]:
+        return mean_with_interval([float(w) for w in self.wins.values()])
 
 
-def evaluate_config(config: SearchConfig, target: TargetModel, items: list[Item],
-                    trial: optuna.Trial | None = None) -> tuple[float, float]:
+def score_outcomes(outcomes: list[ItemOutcome], objective: Objective) -> ConfigScore:
+    wins = {o.item.id: o.success for o in outcomes if attack_eligible(objective, o.item, o.clean_probs)}
+    return ConfigScore(wins, float(np.mean([o.queries for o in outcomes])) if outcomes else 0.0)
+
+
+def scorer_for(config: SearchConfig, target: TargetModel) -> Scorer:
+    return Scorer(target, average_orders=config.scoring.average_orders, batch_size=config.scoring.batch_size,
+                  prefix_reuse=config.scoring.prefix_reuse)
+
+
+def evaluate_config(config: SearchConfig, target: TargetModel, items: list[Item], desc: str,
+                    trial: optuna.Trial | None = None, prune: bool = True) -> ConfigScore:
     """Runs a search with a fresh cache (so every trial pays for its own queries); with a trial,
-    reports ASR after each batch of items and stops early when the pruner says so."""
-    scorer = Scorer(target, average_orders=config.scoring.average_orders, batch_size=config.scoring.batch_size,
-                    prefix_reuse=config.scoring.prefix_reuse)
-    ctx = build_context(config, scorer, "stereotype")
+    reports ASR after each batch of items and, if `prune`, stops early when the pruner says so."""
+    ctx = build_context(config, scorer_for(config, target), "stereotype")
     outcomes: list[ItemOutcome] = []
 
     def after_batch(batch: list[ItemOutcome]) -> None:
         outcomes.extend(batch)
         if trial is not None:
-            trial.report(asr_of(outcomes, ctx.objective)[0], step=len(outcomes))
-            if trial.should_prune():
-                raise optuna.TrialPruned(f"ASR {asr_of(outcomes, ctx.objective)[0]:.2f} after {len(outcomes)} items")
+            asr = score_outcomes(outcomes, ctx.objective).asr
+            trial.report(asr, step=len(outcomes))
+            if prune and trial.should_prune():
+                raise optuna.TrialPruned(f"ASR {asr:.2f} after {len(outcomes)} items")
 
-    run_search(items, ctx, "stereotype", on_batch_done=after_batch)
-    return asr_of(outcomes, ctx.objective)
+    with tqdm(total=len(items), desc=desc, unit="item") as progress:
+        run_search(items, ctx, "stereotype", on_batch_done=after_batch, progress=progress)
+    return score_outcomes(outcomes, ctx.objective)
 
 
-def dev_and_holdout(items: list[Item], dev: int, holdout: int, seed: int) -> tuple[list[Item], list[Item]]:
+def eligible_slices(items: list[Item], scorer: Scorer, dev: int, holdout: int, seed: int,
+                    chunk: int = 32) -> tuple[list[Item], list[Item], int]:
+    """Development and held-out items, drawn in a seeded random order from the attack-eligible ones;
+    clean prompts are scored a chunk at a time until enough are found. Returns (dev, held, scored)."""
+    objective = get_objective("stereotype")
     order = np.random.default_rng(seed).permutation(len(items))
-    if dev + holdout > len(items):
-        raise FlexsearchError(f"{dev} development + {holdout} held-out items requested, {len(items)} available")
-    return [items[i] for i in order[:dev]], [items[i] for i in order[dev : dev + holdout]]
+    found: list[Item] = []
+    scored = 0
+    while len(found) < dev + holdout and scored < len(items):
+        batch = [items[i] for i in order[scored : scored + chunk]]
+        probs = scorer.score([Candidate.root(item) for item in batch]).probs
+        found += [item for item, p in zip(batch, probs, strict=True) if attack_eligible(objective, item, p)]
+        scored += len(batch)
+    if len(found) < dev + holdout:
+        raise FlexsearchError(f"{dev} development + {holdout} held-out items requested, but only {len(found)} of "
+                              f"{len(items)} are attack-eligible (clean answer correct, gold answer not the "
+                              "stereotyped one); ask for fewer or give more data")
+    return found[:dev], found[dev : dev + holdout], scored
 
 
-def open_study(url: str, seed: int, warmup_items: int) -> optuna.Study:
+def sampler_for(space: dict[str, Any], seed: int) -> optuna.samplers.BaseSampler:
+    if space["sampler"] == "grid":
+        grid = {name: spec["categorical"] for name, spec in space["params"].items()}
+        return optuna.samplers.GridSampler(grid, seed=seed)
+    return optuna.samplers.TPESampler(seed=seed)
+
+
+def open_study(url: str, sampler: optuna.samplers.BaseSampler, warmup_items: int) -> optuna.Study:
     """Creates or joins the study. SQLite gets a long lock timeout, and creation is retried, because
     several workers may open the same new file at once."""
     engine = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {}
@@ -143,7 +194,7 @@ def open_study(url: str, seed: int, warmup_items: int) -> optuna.Study:
             storage = optuna.storages.RDBStorage(url, engine_kwargs=engine)
             return optuna.create_study(
                 study_name=STUDY_NAME, storage=storage, load_if_exists=True, direction="maximize",
-                sampler=optuna.samplers.TPESampler(seed=seed),
+                sampler=sampler,
                 pruner=optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=warmup_items))
         except sqlalchemy.exc.SQLAlchemyError:
             attempt += 1
@@ -155,57 +206,86 @@ def open_study(url: str, seed: int, warmup_items: int) -> optuna.Study:
 def run_study(target: TargetModel, items: list[Item], space: dict[str, Any], out: Path, *, trials: int,
               budget: int, storage: str | None = None, dev_items: int = 24, holdout_items: int = 24,
               seed: int = 0, holdout: bool = True) -> dict[str, Any]:
-    """Runs (or continues) the study until it holds `trials` finished trials, then writes the outputs."""
+    """Runs (or continues) the study until it holds `trials` finished trials (a grid stops when it is
+    exhausted), then writes the outputs."""
     out.mkdir(parents=True, exist_ok=True)
-    dev, held = dev_and_holdout(items, dev_items, holdout_items, seed)
     base = load_config(space.get("base", "default"), budget=budget, control=False, seed=seed)
-    study = open_study(storage or f"sqlite:///{(out / 'study.db').resolve()}", seed, base.item_batch)
+    dev, held, scored = eligible_slices(items, scorer_for(base, target), dev_items,
+                                        holdout_items if holdout else 0, seed)
+    study = open_study(storage or f"sqlite:///{(out / 'study.db').resolve()}", sampler_for(space, seed),
+                       base.item_batch)
 
     def objective(trial: optuna.Trial) -> float:
         config = apply_params(base, suggest(trial, space["params"]))
-        asr, queries = evaluate_config(config, target, dev, trial)
-        trial.set_user_attr("asr", asr)
-        trial.set_user_attr("mean_queries", queries)
-        return asr - QUERY_TIE_BREAK * queries / budget
+        result = evaluate_config(config, target, dev, f"trial {trial.number}", trial, prune=space["pruning"])
+        interval = result.asr_interval()
+        trial.set_user_attr("asr", result.asr)
+        trial.set_user_attr("asr_ci", interval["ci"])
+        trial.set_user_attr("eligible", len(result.wins))
+        trial.set_user_attr("mean_queries", result.mean_queries)
+        return result.asr - QUERY_TIE_BREAK * result.mean_queries / budget
 
     finished = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
     study.optimize(objective, n_trials=trials,
                    callbacks=[optuna.study.MaxTrialsCallback(trials, states=finished)])
-    return write_outputs(study, base, space, target, held, out, holdout)
+    slices = {"items_scored_for_eligibility": scored, "dev_items": len(dev), "holdout_items": len(held)}
+    return write_outputs(study, base, target, held, out, slices)
+
+
+def holdout_check(tuned: SearchConfig, base: SearchConfig, target: TargetModel, held: list[Item]) -> dict[str, Any]:
+    """The tuned and the `default` config on items tuning never saw, with the paired difference."""
+    # Through apply_params, so both configs write their operator and constraint specs in one form.
+    default = apply_params(load_config("default", budget=base.budget, control=False, seed=base.seed), {})
+    tuned_score = evaluate_config(tuned, target, held, "held-out, tuned")
+    # A tuned config equal to the preset would give the same searches again.
+    default_score = (tuned_score if asdict(tuned) == asdict(default)
+                     else evaluate_config(default, target, held, "held-out, default"))
+    both = [i for i in tuned_score.wins if i in default_score.wins]
+    return {"items": len(held), "tuned_asr": tuned_score.asr_interval(), "tuned_mean_queries": tuned_score.mean_queries,
+            "default_asr": default_score.asr_interval(), "default_mean_queries": default_score.mean_queries,
+            "tuned_minus_default": mean_with_interval([float(tuned_score.wins[i]) - float(default_score.wins[i])
+                                                       for i in both])}
 
 
 def trials_csv(study: optuna.Study) -> str:
     names = sorted({p for t in study.trials for p in t.params})
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow(["number", "state", "value", "asr", "mean_queries", *names])
+    writer.writerow(["number", "state", "value", "asr", "asr_low", "asr_high", "eligible", "mean_queries", *names])
     for t in study.trials:
-        writer.writerow([t.number, t.state.name, t.value, t.user_attrs.get("asr"), t.user_attrs.get("mean_queries"),
+        low, high = t.user_attrs.get("asr_ci", [None, None])
+        writer.writerow([t.number, t.state.name, t.value, t.user_attrs.get("asr"), low, high,
+                         t.user_attrs.get("eligible"), t.user_attrs.get("mean_queries"),
                          *(t.params.get(n) for n in names)])
     return buffer.getvalue()
 
 
-def write_outputs(study: optuna.Study, base: SearchConfig, space: dict[str, Any], target: TargetModel,
-                  held: list[Item], out: Path, holdout: bool) -> dict[str, Any]:
+def trial_rows(study: optuna.Study) -> list[dict[str, Any]]:
+    """Complete trials, best ASR first: what each configuration changed and what it achieved."""
+    rows = [{"trial": t.number, "params": t.params, "eligible": t.user_attrs.get("eligible"),
+             "asr": {"value": t.user_attrs.get("asr"), "ci": t.user_attrs.get("asr_ci", [None, None]),
+                     "n": t.user_attrs.get("eligible")},
+             "mean_queries": t.user_attrs.get("mean_queries")}
+            for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    return sorted(rows, key=lambda r: (-(r["asr"]["value"] or 0.0), r["mean_queries"] or 0.0))
+
+
+def write_outputs(study: optuna.Study, base: SearchConfig, target: TargetModel, held: list[Item], out: Path,
+                  slices: dict[str, int]) -> dict[str, Any]:
     atomic_write_text(out / "trials.csv", trials_csv(study))
     complete = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
     if not complete:
         raise FlexsearchError("no trial completed (all were pruned or failed); widen the space or add trials")
     best = study.best_trial
     best_config = apply_params(base, best.params)
-    best_data = asdict(best_config)
-    atomic_write_yaml(out / "best_config.yaml", best_data)
+    atomic_write_yaml(out / "best_config.yaml", asdict(best_config))
     summary: dict[str, Any] = {
-        "trials": len(study.trials), "complete": len(complete), "best_trial": best.number,
-        "best_params": best.params, "tuning_asr": best.user_attrs.get("asr"),
-        "tuning_mean_queries": best.user_attrs.get("mean_queries"),
+        "trials": len(study.trials), "complete": len(complete), "budget": base.budget, **slices,
+        "best_trial": best.number, "best_params": best.params, "tuning_asr": best.user_attrs.get("asr"),
+        "tuning_mean_queries": best.user_attrs.get("mean_queries"), "ranking": trial_rows(study),
     }
-    if holdout and held:
-        tuned_asr, tuned_q = evaluate_config(best_config, target, held)
-        default_asr, default_q = evaluate_config(
-            load_config("default", budget=base.budget, control=False, seed=base.seed), target, held)
-        summary["holdout"] = {"items": len(held), "tuned_asr": tuned_asr, "tuned_mean_queries": tuned_q,
-                              "default_asr": default_asr, "default_mean_queries": default_q}
+    if held:
+        summary["holdout"] = holdout_check(best_config, base, target, held)
     importances: dict[str, float] = {}
     if len(complete) >= 2 and len({tuple(sorted(t.params.items())) for t in complete}) >= 2:
         importances = {k: float(v) for k, v in optuna.importance.get_param_importances(study).items()
@@ -214,6 +294,24 @@ def write_outputs(study: optuna.Study, base: SearchConfig, space: dict[str, Any]
     atomic_write_json(out / "tune.json", summary)
     atomic_write_text(out / "report.html", tune_report(study, summary))
     return summary
+
+
+def params_text(params: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in params.items()) or "(base config)"
+
+
+def format_tune_table(summary: dict[str, Any]) -> str:
+    """The ranking of complete trials and the held-out check, as plain text."""
+    lines = [f"{summary['complete']} of {summary['trials']} trials complete; budget {summary['budget']} prompts/item; "
+             f"{summary['dev_items']} development items",
+             f"{'trial':>5}  {'ASR [95% CI]':<20} {'queries':>7}  params"]
+    lines += [f"{r['trial']:>5}  {metric_text(r['asr']):<20} {r['mean_queries']:>7.1f}  {params_text(r['params'])}"
+              for r in summary["ranking"]]
+    held = summary.get("holdout")
+    if held:
+        lines.append(f"held-out ({held['items']} items): tuned {metric_text(held['tuned_asr'])}, default preset "
+                     f"{metric_text(held['default_asr'])}, tuned − default {metric_text(held['tuned_minus_default'])}")
+    return "\n".join(lines)
 
 
 def tune_report(study: optuna.Study, summary: dict[str, Any]) -> str:
@@ -238,14 +336,23 @@ def tune_report(study: optuna.Study, summary: dict[str, Any]) -> str:
         ax.barh(names, [summary["param_importances"][n] for n in names])
         ax.set_xlabel("importance (Optuna's default evaluator, normalised)")
 
+    rows = "".join(f"<tr><td>{r['trial']}</td><td>{html.escape(params_text(r['params']))}</td>"
+                   f"<td>{metric_text(r['asr'])}</td><td>{r['eligible']}</td><td>{r['mean_queries']:.1f}</td></tr>"
+                   for r in summary["ranking"])
     held = summary.get("holdout")
-    held_text = ("no held-out check" if not held else
-                 f"held-out ASR of the tuned config {held['tuned_asr']:.3f} vs the default preset "
-                 f"{held['default_asr']:.3f} on {held['items']} items (tuning ASR {summary['tuning_asr']:.3f})")
+    held_text = ("No held-out check." if not held else
+                 f"Held-out ASR on {held['items']} items tuning never saw: tuned config "
+                 f"{metric_text(held['tuned_asr'])}, default preset {metric_text(held['default_asr'])}, "
+                 f"tuned − default {metric_text(held['tuned_minus_default'])} (paired bootstrap). "
+                 f"Tuning ASR of the tuned config: {summary['tuning_asr']:.2f}.")
     return ("<!doctype html><html><head><meta charset='utf-8'><title>flexsearch tune</title></head>"
             "<body style='font-family:sans-serif;max-width:900px;margin:2em auto'><h1>flexsearch tune</h1>"
-            f"<p>{summary['complete']} of {summary['trials']} trials complete; best trial {summary['best_trial']}: "
-            f"<code>{html.escape(str(summary['best_params']))}</code>. {html.escape(held_text)}.</p>"
+            f"<p>{summary['complete']} of {summary['trials']} trials complete at {summary['budget']} prompts per item "
+            f"on {summary['dev_items']} development items; best trial {summary['best_trial']}.</p>"
+            f"<p>{html.escape(held_text)}</p>"
+            "<h2>Trials, best first</h2><table border='1' cellpadding='4' style='border-collapse:collapse'>"
+            "<tr><th>trial</th><th>params</th><th>ASR [95% CI]</th><th>eligible items</th><th>mean queries</th></tr>"
+            f"{rows}</table>"
             f"<h2>Optimisation history</h2><img alt='history' src='data:image/png;base64,{png(history)}'>"
             f"<h2>Parameter importances</h2><img alt='importances' src='data:image/png;base64,{png(importance)}'>"
             "</body></html>")

@@ -13,10 +13,14 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
+from flexsearch.candidate import Candidate
 from flexsearch.cli import app
 from flexsearch.config import SearchConfig, load_config
 from flexsearch.errors import FlexsearchError
-from flexsearch.tune import STUDY_NAME, apply_params, load_space
+from flexsearch.items import load_items
+from flexsearch.objectives import attack_eligible, get_objective
+from flexsearch.scoring import Scorer
+from flexsearch.tune import STUDY_NAME, apply_params, eligible_slices, load_space
 
 runner = CliRunner()
 SPACE = {"base": "templates_only", "params": {"operators.persona": {"categorical": [True, False]},
@@ -50,11 +54,16 @@ def test_tiny_study_completes_continues_and_writes_a_usable_best_config(tiny_mod
     trials = finished(f"sqlite:///{out / 'study.db'}")
     assert [t.number for t in trials] == [0, 1, 2, 3]
     summary = json.loads((out / "tune.json").read_text())
-    assert summary["holdout"]["items"] == 4 and 0 <= summary["holdout"]["tuned_asr"] <= 1
+    held = summary["holdout"]
+    assert held["items"] == 4 and 0 <= held["tuned_asr"]["value"] <= 1
+    assert held["tuned_minus_default"]["value"] == pytest.approx(
+        held["tuned_asr"]["value"] - held["default_asr"]["value"], abs=1e-6)  # same items, all eligible
     csv_lines = (out / "trials.csv").read_text().splitlines()
-    assert len(csv_lines) == 5 and csv_lines[0].startswith("number,state,value,asr,mean_queries")
+    assert len(csv_lines) == 5
+    assert csv_lines[0].startswith("number,state,value,asr,asr_low,asr_high,eligible,mean_queries")
     page = (out / "report.html").read_text()
-    assert page.count("data:image/png;base64,") == 2 and "held-out ASR" in page
+    assert page.count("data:image/png;base64,") == 2 and "Held-out ASR" in page
+    assert "held-out (4 items): tuned" in result.output
     best = load_config(str(out / "best_config.yaml"))
     assert best.budget == 6 and best.control is False
     search = runner.invoke(app, ["search", "--model", str(tiny_model_dir), "--data", "seed", "--limit", "3",
@@ -81,6 +90,38 @@ def test_two_workers_share_one_study(tiny_model_dir, tmp_path):
     assert complete and all("asr" in t.user_attrs for t in complete)
 
 
+def test_grid_ablation_runs_every_family_combination_once_on_eligible_items(tiny_model_dir, tmp_path):
+    space = tmp_path / "grid.yaml"
+    space.write_text(yaml.safe_dump({"base": "templates_only", "sampler": "grid", "pruning": False, "params": {
+        "operators.persona": {"categorical": [True, False]}, "operators.instruction": {"categorical": [True, False]}}}))
+    out = tmp_path / "grid"
+    result = runner.invoke(app, tune_args(tiny_model_dir, space, out, 10, "--no-holdout"))
+    assert result.exit_code == 0, result.output
+    trials = finished(f"sqlite:///{out / 'study.db'}")
+    combos = sorted((t.params["operators.persona"], t.params["operators.instruction"]) for t in trials)
+    assert combos == [(False, False), (False, True), (True, False), (True, True)]  # the grid, then it stops
+    summary = json.loads((out / "tune.json").read_text())
+    assert summary["complete"] == 3 and len(summary["ranking"]) == 3  # all-off is pruned
+    for row in summary["ranking"]:
+        assert row["eligible"] == 6  # every development item counts toward ASR
+        low, high = row["asr"]["ci"]
+        assert low <= row["asr"]["value"] <= high
+    asrs = [row["asr"]["value"] for row in summary["ranking"]]
+    assert asrs == sorted(asrs, reverse=True)
+
+
+def test_development_and_holdout_items_are_attack_eligible_and_disjoint(tiny_target):
+    items = load_items("seed").items
+    scorer = Scorer(tiny_target, average_orders=True)
+    dev, held, scored = eligible_slices(items, scorer, 5, 3, seed=1)
+    assert len(dev) == 5 and len(held) == 3 and not {i.id for i in dev} & {i.id for i in held}
+    clean = scorer.score([Candidate.root(i) for i in dev + held]).probs
+    assert all(attack_eligible(get_objective("stereotype"), i, p) for i, p in zip(dev + held, clean, strict=True))
+    assert 8 <= scored <= len(items)
+    with pytest.raises(FlexsearchError, match="attack-eligible"):
+        eligible_slices(items, scorer, len(items), 1, seed=1)
+
+
 def test_space_mapping_and_errors(tmp_path):
     base = load_config("default")
     config = apply_params(base, {"operators.textbugger": False, "operators.persona.n": 3, "beam_width": 4,
@@ -98,4 +139,10 @@ def test_space_mapping_and_errors(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("params: {beam_width: {range: [1, 2]}}\n")
     with pytest.raises(FlexsearchError, match="must be"):
+        load_space(str(bad))
+    bad.write_text("sampler: grid\nparams: {beam_width: {int: [1, 2]}}\n")
+    with pytest.raises(FlexsearchError, match="every param to be categorical"):
+        load_space(str(bad))
+    bad.write_text("sampler: random\nparams: {beam_width: {int: [1, 2]}}\n")
+    with pytest.raises(FlexsearchError, match="sampler must be"):
         load_space(str(bad))
