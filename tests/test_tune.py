@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import optuna
 import pytest
+import sqlalchemy
 import yaml
 from typer.testing import CliRunner
 
@@ -42,6 +45,13 @@ def tune_args(model: Path, space: Path, out: Path, trials: int, *extra: str) -> 
 def finished(storage: str) -> list[optuna.trial.FrozenTrial]:
     study = optuna.load_study(study_name=STUDY_NAME, storage=storage)
     return study.trials
+
+
+def completed(storage: str) -> int:
+    try:
+        return sum(t.state == optuna.trial.TrialState.COMPLETE for t in finished(storage))
+    except (KeyError, sqlalchemy.exc.OperationalError):  # the study or its tables are not created yet
+        return 0
 
 
 def test_tiny_study_completes_continues_and_writes_a_usable_best_config(tiny_model_dir, tmp_path):
@@ -90,16 +100,28 @@ def test_two_workers_share_one_study(tiny_model_dir, tmp_path):
     assert complete and all("asr" in t.user_attrs for t in complete)
 
 
-def test_grid_ablation_runs_every_family_combination_once_on_eligible_items(tiny_model_dir, tmp_path):
+def test_grid_ablation_resumes_after_a_kill_and_runs_every_combination_on_eligible_items(tiny_model_dir, tmp_path):
     space = tmp_path / "grid.yaml"
     space.write_text(yaml.safe_dump({"base": "templates_only", "sampler": "grid", "pruning": False, "params": {
         "operators.persona": {"categorical": [True, False]}, "operators.instruction": {"categorical": [True, False]}}}))
     out = tmp_path / "grid"
-    result = runner.invoke(app, tune_args(tiny_model_dir, space, out, 10, "--no-holdout"))
+    args = tune_args(tiny_model_dir, space, out, 10, "--no-holdout")
+    worker = subprocess.Popen([sys.executable, "-m", "flexsearch.cli", *args], env={**os.environ, "TQDM_DISABLE": "1"},
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    storage = f"sqlite:///{out / 'study.db'}"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and worker.poll() is None and not completed(storage):
+        time.sleep(0.05)
+    worker.send_signal(signal.SIGKILL)
+    worker.wait()
+    assert not (out / "tune.json").exists()  # interrupted before the study finished
+    assert completed(storage) >= 1
+    result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
-    trials = finished(f"sqlite:///{out / 'study.db'}")
-    combos = sorted((t.params["operators.persona"], t.params["operators.instruction"]) for t in trials)
-    assert combos == [(False, False), (False, True), (True, False), (True, True)]  # the grid, then it stops
+    trials = finished(storage)
+    combos = sorted((t.params["operators.persona"], t.params["operators.instruction"]) for t in trials
+                    if t.state.is_finished())
+    assert combos == [(False, False), (False, True), (True, False), (True, True)]  # the grid once, then it stops
     summary = json.loads((out / "tune.json").read_text())
     assert summary["complete"] == 3 and len(summary["ranking"]) == 3  # all-off is pruned
     for row in summary["ranking"]:
