@@ -204,7 +204,7 @@ def open_study(url: str, sampler: optuna.samplers.BaseSampler, warmup_items: int
 
 
 def run_study(target: TargetModel, items: list[Item], space: dict[str, Any], out: Path, *, trials: int,
-              budget: int, storage: str | None = None, dev_items: int = 24, holdout_items: int = 24,
+              budget: int, storage: str | None = None, dev_items: int = 12, holdout_items: int = 8,
               seed: int = 0, holdout: bool = True) -> dict[str, Any]:
     """Runs (or continues) the study until it holds `trials` finished trials (a grid stops when it is
     exhausted), then writes the outputs."""
