@@ -297,7 +297,8 @@ def write_outputs(study: optuna.Study, base: SearchConfig, target: TargetModel, 
 
 
 def params_text(params: dict[str, Any]) -> str:
-    return ", ".join(f"{k}={v}" for k, v in params.items()) or "(base config)"
+    text = ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in params.items())
+    return text or "(base config)"
 
 
 def format_tune_table(summary: dict[str, Any]) -> str:
