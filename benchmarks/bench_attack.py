@@ -30,8 +30,7 @@ BUDGETS = (10, 20, 50, 100, 200, 500)
 
 def asr_curve(preset: str, items, target, budget: int) -> tuple[dict[int, float], int, float]:
     config = load_config(preset, budget=budget, control=False)
-    scorer = Scorer(target, average_orders=config.scoring.average_orders, batch_size=config.scoring.batch_size)
-    ctx = build_context(config, scorer, "stereotype")
+    ctx = build_context(config, Scorer.from_config(target, config.scoring), "stereotype")
     outcomes, seconds = timed(lambda: run_search(items, ctx, "stereotype"))
     eligible = [o for o in outcomes if attack_eligible(ctx.objective, o.item, o.clean_probs)]
     curve = {b: float(np.mean([o.first_success_query is not None and o.first_success_query <= b for o in eligible]))

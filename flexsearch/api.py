@@ -11,13 +11,13 @@ import yaml
 from tqdm.auto import tqdm
 
 from flexsearch.candidate import Candidate, replay
-from flexsearch.config import SearchConfig, config_dict
+from flexsearch.config import ScoringConfig, SearchConfig, config_dict
 from flexsearch.errors import FlexsearchError
 from flexsearch.evaluate import CLEAN_COLUMNS, evaluate_items, format_table, prediction_rows, score_all
 from flexsearch.items import load_items
 from flexsearch.metrics import dig, metric_text
 from flexsearch.model import load_target
-from flexsearch.render import PromptFormat, render
+from flexsearch.render import render
 from flexsearch.runio import (
     append_jsonl,
     atomic_write_json,
@@ -34,9 +34,7 @@ from flexsearch.split import load_split, robustness_score, split_csv_text, split
 def build_scorer(target: dict[str, Any], scoring: dict[str, Any]) -> Scorer:
     """Loads the target model and wraps it in a scorer. `target` holds load_target's arguments."""
     model = load_target(target.pop("model"), **target)
-    return Scorer(model, PromptFormat(mode=scoring.get("mode", "plain")),
-                  batch_size=scoring.get("batch_size", 16), average_orders=scoring.get("average_orders", True),
-                  prefix_reuse=scoring.get("prefix_reuse", True))
+    return Scorer.from_config(model, ScoringConfig(**scoring))
 
 
 def evaluate_data(data: str, out: Path, target: dict[str, Any], scoring: dict[str, Any],

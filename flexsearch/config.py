@@ -47,6 +47,9 @@ class SearchConfig:
     scoring: ScoringConfig = field(default_factory=ScoringConfig)
 
     def __post_init__(self) -> None:
+        # One spec form, a mapping with a name, so equal configs compare equal however they were written.
+        self.operators = [{"name": s} if isinstance(s, str) else dict(s) for s in self.operators]
+        self.constraints = [{"name": s} if isinstance(s, str) else dict(s) for s in self.constraints]
         if self.method not in METHODS:
             raise FlexsearchError(f"unknown search method '{self.method}' (choose from {', '.join(METHODS)})")
         if self.budget < 2:

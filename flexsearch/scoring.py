@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -20,6 +21,9 @@ from flexsearch.candidate import Candidate
 from flexsearch.errors import FlexsearchError
 from flexsearch.model import TargetModel
 from flexsearch.render import LETTERS, PromptFormat, cyclic_orders, render
+
+if TYPE_CHECKING:
+    from flexsearch.config import ScoringConfig
 
 
 @dataclass
@@ -108,6 +112,12 @@ class Scorer:
         self._prefix_tail = target.tokenizer.encode(self.fmt.answer_prefix, add_special_tokens=False)[-1]
         self.queries = 0  # prompts forwarded through the model (cache hits are free)
         self._cache: dict[str, np.ndarray] = {}
+
+    @classmethod
+    def from_config(cls, target: TargetModel, scoring: ScoringConfig) -> Scorer:
+        """The scorer a search config asks for, with an empty cache."""
+        return cls(target, PromptFormat(mode=scoring.mode), batch_size=scoring.batch_size,
+                   average_orders=scoring.average_orders, prefix_reuse=scoring.prefix_reuse)
 
     @property
     def prompts_per_candidate(self) -> int:

@@ -86,8 +86,7 @@ def apply_params(base: SearchConfig, values: dict[str, Any]) -> SearchConfig:
     """Maps sampled values onto a search config: top-level fields, `operators.NAME` (family on/off),
     `operators.NAME.SETTING` and `constraints.NAME.SETTING`."""
     data = asdict(base)
-    specs = {kind: [{"name": s} if isinstance(s, str) else dict(s) for s in data[kind]]
-             for kind in ("operators", "constraints")}
+    specs = {kind: data[kind] for kind in ("operators", "constraints")}  # asdict made them copies
     dropped: set[str] = set()
     for key, value in values.items():
         kind, _, rest = key.partition(".")
@@ -132,16 +131,11 @@ def score_outcomes(outcomes: list[ItemOutcome], objective: Objective) -> ConfigS
     return ConfigScore(wins, float(np.mean([o.queries for o in outcomes])) if outcomes else 0.0)
 
 
-def scorer_for(config: SearchConfig, target: TargetModel) -> Scorer:
-    return Scorer(target, average_orders=config.scoring.average_orders, batch_size=config.scoring.batch_size,
-                  prefix_reuse=config.scoring.prefix_reuse)
-
-
 def evaluate_config(config: SearchConfig, target: TargetModel, items: list[Item], desc: str,
                     trial: optuna.Trial | None = None, prune: bool = True) -> ConfigScore:
     """Runs a search with a fresh cache (so every trial pays for its own queries); with a trial,
     reports ASR after each batch of items and, if `prune`, stops early when the pruner says so."""
-    ctx = build_context(config, scorer_for(config, target), "stereotype")
+    ctx = build_context(config, Scorer.from_config(target, config.scoring), "stereotype")
     outcomes: list[ItemOutcome] = []
 
     def after_batch(batch: list[ItemOutcome]) -> None:
@@ -210,7 +204,7 @@ def run_study(target: TargetModel, items: list[Item], space: dict[str, Any], out
     exhausted), then writes the outputs."""
     out.mkdir(parents=True, exist_ok=True)
     base = load_config(space.get("base", "default"), budget=budget, control=False, seed=seed)
-    dev, held, scored = eligible_slices(items, scorer_for(base, target), dev_items,
+    dev, held, scored = eligible_slices(items, Scorer.from_config(target, base.scoring), dev_items,
                                         holdout_items if holdout else 0, seed)
     study = open_study(storage or f"sqlite:///{(out / 'study.db').resolve()}", sampler_for(space, seed),
                        base.item_batch)
@@ -234,8 +228,7 @@ def run_study(target: TargetModel, items: list[Item], space: dict[str, Any], out
 
 def holdout_check(tuned: SearchConfig, base: SearchConfig, target: TargetModel, held: list[Item]) -> dict[str, Any]:
     """The tuned and the `default` config on items tuning never saw, with the paired difference."""
-    # Through apply_params, so both configs write their operator and constraint specs in one form.
-    default = apply_params(load_config("default", budget=base.budget, control=False, seed=base.seed), {})
+    default = load_config("default", budget=base.budget, control=False, seed=base.seed)
     tuned_score = evaluate_config(tuned, target, held, "held-out, tuned")
     # A tuned config equal to the preset would give the same searches again.
     default_score = (tuned_score if asdict(tuned) == asdict(default)
