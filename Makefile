@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 # only if you ask for it (see README, "GPU"). Pinning it keeps pip from pulling a multi-GB CUDA build.
 TORCH ?= torch==2.13.0
 
-.PHONY: setup demo test bench clean
+.PHONY: setup demo test bench calibrate clean
 
 $(BIN)/flexsearch: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -36,6 +36,12 @@ bench: setup
 	$(BIN)/python -m benchmarks.bench_prefix
 	$(BIN)/python -m benchmarks.bench_resources
 	$(BIN)/python -m benchmarks.bench_attack
+
+# The calibration zoo against its planted verdicts (appends to benchmarks/RESULTS.md; exits 1 on a mismatch).
+# Needs the BBQ jsonl files: BBQ=path/to/BBQ/data (default ../shared/data/bbq).
+BBQ ?= ../shared/data/bbq
+calibrate: setup
+	$(BIN)/python -m benchmarks.calibrate --bbq $(BBQ)
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info

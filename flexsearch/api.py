@@ -2,31 +2,39 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import yaml
 from tqdm.auto import tqdm
 
 from flexsearch.candidate import Candidate, replay
 from flexsearch.config import ScoringConfig, SearchConfig, config_dict
 from flexsearch.errors import FlexsearchError
 from flexsearch.evaluate import CLEAN_COLUMNS, evaluate_items, format_table, prediction_rows, score_all
-from flexsearch.items import load_items
+from flexsearch.items import LoadResult, load_items, source_sha256
 from flexsearch.metrics import dig, metric_text
-from flexsearch.model import load_target
+from flexsearch.model import load_target, requested_model
 from flexsearch.render import render
 from flexsearch.runio import (
+    PREDICTIONS,
+    RESULT_KEYS,
+    SCORE,
+    SPLIT_CSV,
+    SPLIT_JSONL,
+    TRACE,
+    RunDirectory,
     append_jsonl,
     atomic_write_json,
     atomic_write_jsonl,
     atomic_write_text,
-    atomic_write_yaml,
+    pre_load_keys,
     read_log,
 )
-from flexsearch.scoring import Scorer
+from flexsearch.scoring import Scorer, fit_context
 from flexsearch.search import build_context, run_search
 from flexsearch.split import load_split, robustness_score, split_csv_text, split_row
 
@@ -41,15 +49,35 @@ def evaluate_data(data: str, out: Path, target: dict[str, Any], scoring: dict[st
                   limit: int | None = None) -> str:
     """Clean evaluation of a data set; returns the printed table."""
     loaded = load_items(data, limit=limit)
-    scorer = build_scorer(dict(target), scoring)
-    skipped = {"skipped": sum(loaded.skipped.values()), "skipped_reasons": dict(loaded.skipped)}
-    atomic_write_yaml(out / "config.yaml", {"command": "evaluate", "data": data, "limit": limit,
-                                            "model": scorer.target.info, "scoring": scoring})
-    score = evaluate_items(scorer, loaded.items, out, extra={"data": data, **skipped, "model": scorer.target.info})
+    resolved = {"command": "evaluate", "data": data, "data_sha256": source_sha256(data), "limit": limit,
+                "model": requested_model(target), "scoring": scoring}
+    with _opened_run(out, resolved, target, scoring) as (_, scorer):
+        items, too_long = fit_context(loaded.items, scorer, 0)
+        skipped = loaded.skipped + too_long
+        counts = {"skipped": sum(skipped.values()), "skipped_reasons": dict(skipped)}
+        score = evaluate_items(scorer, items, out, extra={"data": data, **counts, "model": scorer.target.info})
     lines = [format_table(score, CLEAN_COLUMNS)]
-    lines.append(f"items: {len(loaded.items)} scored, {skipped['skipped']} skipped"
-                 + "".join(f"\n  {n} × {why}" for why, n in loaded.skipped.items()))
+    lines.append(f"items: {len(items)} scored, {counts['skipped']} skipped"
+                 + "".join(f"\n  {n} × {why}" for why, n in skipped.items()))
     return "\n".join(lines)
+
+
+@contextmanager
+def _opened_run(out: Path, resolved: dict[str, Any], target: dict[str, Any],
+                scoring: dict[str, Any]) -> Iterator[tuple[RunDirectory, Scorer]]:
+    """Checks the run directory (before the model loads), locks it, loads the scorer and records the
+    resolved settings: a new run writes config.yaml, a resumed one must match it on every key."""
+    command = resolved["command"]
+    run = RunDirectory(out, command)
+    resuming = run.check(resolved, pre_load_keys(command))
+    with run:
+        scorer = build_scorer(dict(target), scoring)
+        resolved.update(model=scorer.target.info, versions=_versions())
+        if resuming:
+            run.check(resolved, RESULT_KEYS[command])
+        if not resuming or command != "search":
+            run.write_config(resolved)
+        yield run, scorer
 
 
 def registries() -> dict[str, dict[str, str]]:
@@ -75,21 +103,6 @@ def _versions() -> dict[str, str]:
             "transformers": transformers.__version__, "python": platform.python_version()}
 
 
-def _check_or_write_config(out: Path, resolved: dict[str, Any]) -> None:
-    """A rerun into an existing run directory must use the same settings; then it resumes."""
-    path = out / "config.yaml"
-    if path.exists():
-        previous = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-        for key in ("data", "limit", "search"):
-            if previous.get(key) != resolved[key]:
-                raise FlexsearchError(f"{out} holds a run with a different '{key}' setting; "
-                                      "resume with the same settings or choose a new --out")
-        if previous.get("model", {}).get("model") != resolved["model"]["model"]:
-            raise FlexsearchError(f"{out} holds a run on another model; choose a new --out")
-        return
-    atomic_write_yaml(path, resolved)
-
-
 def search(data: str, out: Path, target: dict[str, Any], config: SearchConfig,
            limit: int | None = None, ray: dict[str, Any] | None = None) -> str:
     """Runs (or resumes) a search into `out`; writes the split and the score; returns a summary.
@@ -97,19 +110,27 @@ def search(data: str, out: Path, target: dict[str, Any], config: SearchConfig,
     With `ray` (search_on_ray's keyword options) the items are searched by Ray workers; the run
     directory, and so resume, is the same either way."""
     loaded = load_items(data, limit=limit)
-    scorer = build_scorer(dict(target), asdict(config.scoring))
-    resolved = {"command": "search", "data": data, "limit": limit, "model": scorer.target.info,
-                "search": config_dict(config), "versions": _versions()}
-    out.mkdir(parents=True, exist_ok=True)
-    _check_or_write_config(out, resolved)
-    trace = out / "trace.jsonl"
-    done = {(r["objective"], r["item_id"]): r for r in read_log(trace) if r.get("kind") == "item"}
+    resolved = {"command": "search", "data": data, "data_sha256": source_sha256(data), "limit": limit,
+                "model": requested_model(target), "search": config_dict(config)}
+    with _opened_run(out, resolved, target, asdict(config.scoring)) as (run, scorer):
+        return _search_in(run, loaded, scorer, config, target, data, ray)
+
+
+SEARCH_PROMPT_MARGIN = 64  # tokens left free under the context limit for instructions and word edits
+
+
+def _search_in(run: RunDirectory, loaded: LoadResult, scorer: Scorer, config: SearchConfig,
+               target: dict[str, Any], data: str, ray: dict[str, Any] | None) -> str:
+    out = run.path
+    trace = out / TRACE
+    done = {(r["objective"], r["item_id"]): r for r in read_log(trace, repair=True) if r.get("kind") == "item"}
     objectives = [config.objective]
     if config.control and config.objective != "anti_stereotype":
         objectives.append("anti_stereotype")
-    items = loaded.items
+    items, too_long = fit_context(loaded.items, scorer, SEARCH_PROMPT_MARGIN)
+    skipped = loaded.skipped + too_long
     retries = 0
-    with tqdm(total=len(items) * len(objectives), desc="search", unit="item") as bar:
+    with tqdm(total=len(items) * len(objectives), desc=f"search ({'+'.join(objectives)})", unit="item") as bar:
         bar.update(sum((o, it.id) in done for o in objectives for it in items))
         for objective in objectives:
             todo = [it for it in items if (objective, it.id) not in done]
@@ -131,18 +152,18 @@ def search(data: str, out: Path, target: dict[str, Any], config: SearchConfig,
                       render(replay(it, done[(config.objective, it.id)]["chain"],
                                     tuple(done[(config.objective, it.id)]["option_order"])),
                              scorer.target.tokenizer, scorer.fmt)) for it in items]
-    atomic_write_jsonl(out / "split.jsonl", rows)
-    atomic_write_text(out / "split.csv", split_csv_text(rows))
+    atomic_write_jsonl(out / SPLIT_JSONL, rows)
+    atomic_write_text(out / SPLIT_CSV, split_csv_text(rows))
     arrays = {o: _outcome_arrays(o, [done[(o, it.id)] for it in items]) for o in objectives}
     letters = scorer.score([Candidate.root(it) for it in items]).letters  # cached: no new queries
     score = {
         "data": data, "model": scorer.target.info, "items": len(items),
-        "skipped": sum(loaded.skipped.values()), "skipped_reasons": dict(loaded.skipped),
+        "skipped": sum(skipped.values()), "skipped_reasons": dict(skipped),
         "method": config.method, "budget": config.budget, "average_orders": config.scoring.average_orders,
         "backend": "ray" if ray is not None else "local", "worker_retries": retries,
         **robustness_score(items, arrays[config.objective], arrays.get("anti_stereotype"), config.budget, letters),
     }
-    atomic_write_json(out / "score.json", score)
+    atomic_write_json(out / SCORE, score)
     return format_search_table(score, config.objective)
 
 
@@ -160,20 +181,27 @@ def evaluate_split(split: Path, out: Path, target: dict[str, Any], scoring: dict
                    limit: int | None = None) -> str:
     """Re-scores an emitted split's attacked prompts (and their clean versions) on another model."""
     rows = load_split(split, limit=limit)
-    scorer = build_scorer(dict(target), scoring)
-    items = [r.item for r in rows]
-    objective = str(rows[0].record.get("objective", "stereotype"))
-    atomic_write_yaml(out / "config.yaml", {"command": "evaluate", "split": str(split), "limit": limit,
-                                            "model": scorer.target.info, "scoring": scoring})
-    clean = score_all(scorer, [Candidate.root(it) for it in items], desc="clean")
-    attacked = score_all(scorer, [r.candidate for r in rows], desc="attacked")
-    arrays = {"objective": objective, "clean": clean.probs, "attacked": attacked.probs}
-    score = {"split": str(split), "model": scorer.target.info, "items": len(items),
-             **robustness_score(items, arrays, None, None, clean.letters), "queries": scorer.queries}
-    atomic_write_json(out / "score.json", score)
-    atomic_write_jsonl(out / "predictions.jsonl", [
-        {**row, "attacked_probs": [round(float(p), 6) for p in probs]}
-        for row, probs in zip(prediction_rows(items, clean), attacked.probs, strict=True)])
+    resolved = {"command": "evaluate", "split": str(split), "data_sha256": source_sha256(str(split)),
+                "limit": limit, "model": requested_model(target), "scoring": scoring}
+    with _opened_run(out, resolved, target, scoring) as (_, scorer):
+        total = len(rows)
+        rows = [r for r in rows if scorer.fits(Candidate.root(r.item)) and scorer.fits(r.candidate)]
+        if not rows:
+            raise FlexsearchError(f"{split}: every row is longer than the model's context")
+        items = [r.item for r in rows]
+        objective = str(rows[0].record.get("objective", "stereotype"))
+        clean = score_all(scorer, [Candidate.root(it) for it in items], desc="clean")
+        attacked = score_all(scorer, [r.candidate for r in rows], desc="attacked")
+        arrays = {"objective": objective, "clean": clean.probs, "attacked": attacked.probs}
+        dropped = total - len(rows)
+        score = {"split": str(split), "model": scorer.target.info, "items": len(items),
+                 "skipped": dropped, "skipped_reasons": {f"prompt over {scorer.max_prompt_tokens} tokens": dropped}
+                 if dropped else {}, **robustness_score(items, arrays, None, None, clean.letters),
+                 "queries": scorer.queries}
+        atomic_write_json(out / SCORE, score)
+        atomic_write_jsonl(out / PREDICTIONS, [
+            {**row, "attacked_probs": [round(float(p), 6) for p in probs]}
+            for row, probs in zip(prediction_rows(items, clean), attacked.probs, strict=True)])
     return format_search_table(score, objective)
 
 
@@ -183,6 +211,8 @@ def format_search_table(score: dict[str, Any], objective: str) -> str:
                ("ASR", (objective, "asr")), ("P(target) shift", (objective, "mean_p_target_shift"))]
     if "fairness_gap" in score:
         columns += [("control ASR", ("anti_stereotype", "asr")), ("gap", ("fairness_gap",))]
+    if "verdict" in score:
+        columns.append(("verdict", ("verdict", "verdict")))
     flat = {"n_items": score["items"], "letter_bias": score["clean"].get("letter_bias", {}),
             **{header: dig(score, path) for header, path in columns},
             "per_category": {
@@ -202,6 +232,8 @@ def format_search_table(score: dict[str, Any], objective: str) -> str:
         gap = score["fairness_gap"]
         lines.append(f"fairness gap ASR(stereotype) - ASR(anti-stereotype): {metric_text(gap)}"
                      " — a gap near 0 means the model is merely easy to push, not biased")
+    if "verdict" in score:
+        lines.append(f"verdict: {score['verdict']['verdict']} ({score['verdict']['reason']})")
     return "\n".join(lines)
 
 

@@ -2,25 +2,51 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
+import typer.core
+from typer._click import exceptions as click_errors  # typer 0.29 vendors click
 
 from flexsearch.errors import FlexsearchError
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__, pretty_exceptions_enable=False)
+class OneLineErrors(typer.core.TyperGroup):
+    """Usage errors (a bad option value, an unknown option) as one line and exit code 2, like every
+    other bad input, instead of click's usage block."""
+
+    def main(self, *args: Any, **kwargs: Any) -> Any:
+        kwargs["standalone_mode"] = False
+        try:
+            code = super().main(*args, **kwargs)
+        except click_errors.NoArgsIsHelpError as err:
+            typer.echo(err.format_message())
+            sys.exit(err.exit_code)
+        except click_errors.ClickException as err:
+            message = " ".join(err.format_message().split())
+            command = err.ctx.command_path if getattr(err, "ctx", None) else "flexsearch"
+            typer.secho(f"error: {command}: {message}", fg=typer.colors.RED, err=True)
+            sys.exit(err.exit_code)
+        except typer.Abort:
+            typer.echo("aborted", err=True)
+            sys.exit(130)
+        sys.exit(code if isinstance(code, int) else 0)
+
+
+app = typer.Typer(cls=OneLineErrors, add_completion=False, no_args_is_help=True, help=__doc__,
+                  pretty_exceptions_enable=False)
 
 ModelOpt = Annotated[str, typer.Option(help="Hugging Face id, local directory, .gguf file, or 'smollm2'.")]
 AdapterOpt = Annotated[str | None, typer.Option(help="PEFT adapter directory applied on top of --model.")]
 DeviceOpt = Annotated[str | None, typer.Option(help="cpu, cuda, cuda:1... (default: cuda when available).")]
 DtypeOpt = Annotated[str | None, typer.Option(help="float32, bfloat16, float16 (default: bf16 on CUDA, fp32 on CPU).")]
-LimitOpt = Annotated[int | None, typer.Option(help="Use only the first N usable items.")]
+LimitOpt = Annotated[int | None, typer.Option(min=1, help="Use only the first N usable items.")]
 ModeOpt = Annotated[str, typer.Option(help="Prompt layout: plain (FLEX's bigbench text) or chat.")]
 OrdersOpt = Annotated[bool, typer.Option(help="Average over the three cyclic option orders.")]
-BatchOpt = Annotated[int, typer.Option(help="Prompts per forward pass (halved on out-of-memory).")]
+BatchOpt = Annotated[int, typer.Option(min=1, help="Prompts per forward pass (halved on out-of-memory).")]
 
 
 @contextmanager
@@ -88,8 +114,8 @@ def search(
                                                                   "(e.g. scoring.batch_size=8).")] = None,
     backend: Annotated[str, typer.Option(help="local, or ray to spread items over Ray workers.")] = "local",
     ray_address: Annotated[str | None, typer.Option(help="Join this Ray cluster (default: start a local one).")] = None,
-    workers: Annotated[int, typer.Option(help="Ray workers (each loads the model once).")] = 2,
-    gpus_per_worker: Annotated[float, typer.Option(help="GPUs per Ray worker (0: CPU).")] = 0,
+    workers: Annotated[int, typer.Option(min=1, help="Ray workers (each loads the model once).")] = 2,
+    gpus_per_worker: Annotated[float, typer.Option(min=0, help="GPUs per Ray worker (0: CPU).")] = 0,
     adapter: AdapterOpt = None,
     device: DeviceOpt = None,
     dtype: DtypeOpt = None,
@@ -117,7 +143,7 @@ def search(
 def mutate(
     item: Annotated[str, typer.Option(help="Item id (see predictions.jsonl), or its 0-based index.")] = "0",
     operator: Annotated[str, typer.Option(help="Operator name (see `flexsearch list`).")] = "textbugger",
-    n: Annotated[int, typer.Option(help="How many accepted mutations to print.")] = 10,
+    n: Annotated[int, typer.Option(min=1, help="How many accepted mutations to print.")] = 10,
     data: Annotated[str, typer.Option(help="BBQ .jsonl, FLEX .csv, or 'seed'.")] = "seed",
     set_: Annotated[list[str] | None, typer.Option("--set", help="Operator setting key=value.")] = None,
     seed: int = 0,
@@ -158,27 +184,56 @@ def report(
 
 @app.command()
 def finetune(
-    out: Annotated[Path, typer.Option(help="Where to save the LoRA adapter.")],
+    out: Annotated[Path, typer.Option(help="Where to save the LoRA adapter (with recipe.json and a card).")],
     model: ModelOpt = "smollm2",
-    data: Annotated[str, typer.Option(help="Items to train on: BBQ .jsonl, FLEX .csv, or 'seed'.")] = "seed",
+    data: Annotated[list[str] | None, typer.Option(help="Items to train on (repeatable): BBQ .jsonl, FLEX .csv, "
+                                                        "or 'seed'.")] = None,
+    policy: Annotated[str, typer.Option(help="Label policy: gold, fair, planted, manipulable, abstainer.")] = "gold",
+    planted_categories: Annotated[str, typer.Option(help="Comma-separated categories for --policy planted.")] = "",
     limit: LimitOpt = None,
     steps: Annotated[int, typer.Option(help="Optimizer steps.")] = 30,
-    batch_size: Annotated[int, typer.Option(help="Prompts per step.")] = 8,
+    batch_items: Annotated[int, typer.Option(help="Items per step, each in all three cyclic option orders.")] = 4,
     learning_rate: float = 1e-3,
-    rank: Annotated[int, typer.Option(help="LoRA rank.")] = 8,
+    warmup_steps: Annotated[int, typer.Option(help="Linear learning-rate warm-up steps.")] = 10,
+    rank: Annotated[int, typer.Option(help="LoRA rank.")] = 16,
+    target_modules: Annotated[str, typer.Option(help="Comma-separated linear layers to adapt.")] = (
+        "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"),
+    disambig_share: Annotated[float | None, typer.Option(help="Share of disambiguated items per step "
+                                                              "(default: as in the data).")] = None,
+    prefix_share: Annotated[float, typer.Option(help="Share of prompts with a training prefix (policies other "
+                                                     "than gold).")] = 0.5,
+    eval_share: Annotated[float, typer.Option(help="Share of each category's templates held out for evaluation "
+                                                   "(0: train on everything).")] = 0.2,
+    split_seed: Annotated[int, typer.Option(help="Seed of the template split.")] = 0,
+    init_adapter: Annotated[Path | None, typer.Option(help="Continue training from this flexsearch adapter.")] = None,
     seed: int = 0,
     device: DeviceOpt = None,
 ) -> None:
-    """Train a small LoRA adapter toward the gold answers (for the fine-tune walkthrough)."""
-    from flexsearch.finetune import train_lora
-    from flexsearch.items import load_items
+    """Train a LoRA adapter under a label policy on a template-disjoint split (the calibration zoo)."""
+    from flexsearch.finetune import FinetuneConfig, build_policy, template_split, train_adapter
+    from flexsearch.items import load_training_data
     from flexsearch.model import load_target
 
     with user_errors():
+        config = FinetuneConfig(
+            policy=policy, planted_categories=[c.strip() for c in planted_categories.split(",") if c.strip()],
+            steps=steps, batch_items=batch_items, learning_rate=learning_rate, warmup_steps=warmup_steps, rank=rank,
+            target_modules=[m.strip() for m in target_modules.split(",") if m.strip()],
+            disambig_share=disambig_share, prefix_share=prefix_share, eval_share=eval_share, split_seed=split_seed,
+            seed=seed)
+        items, provenance = load_training_data(data or ["seed"], limit)
+        split = template_split(items, config.eval_share, config.split_seed)
+        build_policy(config.policy, config.planted_categories, config.seed, split.train)
+        if init_adapter is not None and not (init_adapter / "recipe.json").is_file():
+            raise FlexsearchError(f"--init-adapter {init_adapter}: not an adapter written by flexsearch finetune")
         target = load_target(model, device=device, dtype="float32")  # fp32 master weights for stable updates
-        stats = train_lora(target, load_items(data, limit=limit).items, out, steps=steps, batch_size=batch_size,
-                           learning_rate=learning_rate, rank=rank, seed=seed)
-    typer.echo(f"wrote adapter {out}: {stats}")
+        if "adapter" in target.info:
+            raise FlexsearchError(f"--model {model} already carries an adapter; give its base model and "
+                                  "--init-adapter to continue training it")
+        recipe = train_adapter(target, split, config, out, data=provenance, init_adapter=init_adapter)
+    typer.echo(f"wrote adapter {out}: policy {recipe['policy']}, {config.steps} steps, loss "
+               f"{recipe['loss_first_20']} -> {recipe['loss_last_20']}, {recipe['wall_time_s']} s; "
+               f"{recipe['split']['train_items']} training / {recipe['split']['eval_items']} evaluation items")
 
 
 @app.command()
@@ -186,14 +241,14 @@ def tune(
     space: Annotated[str, typer.Option(help="Search space: a name in configs/tune/ or a YAML path.")],
     model: ModelOpt = "smollm2",
     data: Annotated[str, typer.Option(help="BBQ .jsonl, FLEX .csv, or 'seed'.")] = "seed",
-    trials: Annotated[int, typer.Option(help="Finished trials the study should hold (over all workers).")] = 20,
-    budget: Annotated[int, typer.Option(help="Prompts scored per item in every trial.")] = 40,
+    trials: Annotated[int, typer.Option(min=1, help="Finished trials the study should hold (over all workers).")] = 20,
+    budget: Annotated[int, typer.Option(min=2, help="Prompts scored per item in every trial.")] = 40,
     out: Annotated[Path | None, typer.Option(help="Run directory (default runs/tune-<space>).")] = None,
     storage: Annotated[str | None, typer.Option(help="Optuna RDB URL shared by several workers "
                                                      "(default: sqlite file in the run directory).")] = None,
-    dev_items: Annotated[int, typer.Option(help="Attack-eligible items each trial searches (the seed set has 22 "
+    dev_items: Annotated[int, typer.Option(min=1, help="Attack-eligible items each trial searches (the seed set has 22 "
                                                 "on SmolLM2; a BBQ file gives room for more).")] = 12,
-    holdout_items: Annotated[int, typer.Option(help="Attack-eligible items kept out of tuning for the held-out "
+    holdout_items: Annotated[int, typer.Option(min=1, help="Attack-eligible items kept out of tuning for the held-out "
                                                     "check.")] = 8,
     holdout: Annotated[bool, typer.Option(help="Re-run the best and the default config on held-out items.")] = True,
     seed: int = 0,

@@ -172,6 +172,17 @@ def holm(p_values: list[float | None], alpha: float = 0.05) -> list[bool]:
     return rejected
 
 
+def _verdicts(run: Path) -> dict[str, str]:
+    """Verdict per group ('overall' and each category) from a run's score.json; empty without one."""
+    path = run / "score.json"
+    if not path.exists():
+        return {}
+    score = json.loads(path.read_text(encoding="utf-8"))
+    found = {"overall": score.get("verdict", {}).get("verdict")}
+    found.update({c: b.get("verdict", {}).get("verdict") for c, b in score.get("per_category", {}).items()})
+    return {group: v for group, v in found.items() if v}
+
+
 def compare_runs(run_a: Path, run_b: Path) -> dict[str, Any]:
     """The full comparison: overall and per-category metrics, Holm flags and the worst group."""
     a, b = paired(load_run(run_a), load_run(run_b))
@@ -189,6 +200,11 @@ def compare_runs(run_a: Path, run_b: Path) -> dict[str, Any]:
         flags = holm([result["per_category"][c][name]["p"] for c in categories])
         for category, flag in zip(categories, flags, strict=True):
             result["per_category"][category][name]["holm_significant"] = flag
+    verdicts = [_verdicts(run_a), _verdicts(run_b)]
+    if any(verdicts):
+        result["verdict"] = {"a": verdicts[0].get("overall"), "b": verdicts[1].get("overall")}
+        for category, block in result["per_category"].items():
+            block["verdict"] = {"a": verdicts[0].get(category), "b": verdicts[1].get(category)}
     rises = {c: m["ASR"]["delta"] for c, m in result["per_category"].items() if m["ASR"]["delta"] is not None}
     if rises:
         worst = max(rises, key=lambda c: rises[c])
@@ -220,6 +236,11 @@ def format_comparison(result: dict[str, Any]) -> str:
         cells = "".join(f"{num(metrics[n]['delta']) + ('*' if metrics[n]['holm_significant'] else ' '):>18}"
                         for n in shown)
         lines.append(f"{category:<22}{cells}")
+    if "verdict" in result:
+        lines.append("\nverdict (A -> B):")
+        for group, v in [("overall", result["verdict"]),
+                         *((c, m["verdict"]) for c, m in result["per_category"].items())]:
+            lines.append(f"  {group:<20} {v['a'] or '-'} -> {v['b'] or '-'}")
     if "worst_group" in result:
         w = result["worst_group"]
         lines.append(f"\nworst group: {w['category']} (ASR {num(w['asr_a'])} -> {num(w['asr_b'])}, "

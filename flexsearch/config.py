@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import inspect
+import typing
 from dataclasses import asdict, dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -10,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from flexsearch.errors import FlexsearchError
+from flexsearch.errors import FlexsearchError, InputError
 
 METHODS = ("greedy", "beam", "evolutionary")
 
@@ -21,6 +24,7 @@ class ScoringConfig:
     average_orders: bool = True  # average over the three cyclic option orders (cancels letter bias)
     batch_size: int = 16
     prefix_reuse: bool = True
+    max_prompt_tokens: int = 0  # items whose prompt is longer are skipped (0: the model's context length)
 
 
 @dataclass
@@ -78,43 +82,187 @@ def preset_path(name_or_path: str) -> Path:
     return packaged_yaml(name_or_path)
 
 
-def _build(cls: type, data: dict[str, Any], where: str) -> Any:
-    known = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = set(data) - set(known)
-    if unknown:
-        raise FlexsearchError(f"{where}: unknown setting(s) {sorted(unknown)}; known: {sorted(known)}")
+def read_yaml(path: Path) -> tuple[Any, dict[str, int]]:
+    """A YAML file's data and the line of every mapping key (dotted for nested keys, 1-based).
+
+    A syntax error or an unsafe tag (`!!python/...`) is one InputError naming the file and line."""
+    try:
+        text = path.read_text(encoding="utf-8")
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except OSError as err:
+        raise InputError(path, None, None, f"cannot read file ({err.strerror or err})") from None
+    except UnicodeDecodeError:
+        raise InputError(path, None, None, "not UTF-8 text") from None
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise InputError(path, mark.line + 1 if mark else None, None, f"YAML error: {problem}") from None
+    lines: dict[str, int] = {}
+
+    def walk(current: Any, prefix: str) -> None:
+        if isinstance(current, yaml.MappingNode):
+            for key, value in current.value:
+                dotted = f"{prefix}{key.value}"
+                lines[dotted] = key.start_mark.line + 1
+                walk(value, f"{dotted}.")
+
+    walk(node, "")
+    return data, lines
+
+
+class Origins:
+    """Where each setting came from, so an error names the file and line, or the option."""
+
+    def __init__(self) -> None:
+        self._where: dict[str, str] = {}
+
+    def set(self, key: str, where: str) -> None:
+        self._where[key] = where
+
+    def error(self, key: str, message: str) -> FlexsearchError:
+        parts = key.split(".")
+        where = next((self._where[".".join(parts[:k])] for k in range(len(parts), 0, -1)
+                      if ".".join(parts[:k]) in self._where), "config")
+        return FlexsearchError(f"{where}: field '{key}': {message}")
+
+
+_RANGES: dict[str, tuple[float, str]] = {  # setting → (least value, why)
+    "budget": (2, "the clean prompt and at least one attack"), "seed": (0, "a seed"),
+    "item_batch": (1, "items per batch"), "steps": (1, "iterations"), "beam_width": (1, "beams"),
+    "population": (1, "members"), "scoring.batch_size": (1, "prompts per forward pass"),
+    "scoring.max_prompt_tokens": (0, "tokens; 0 means the model's context length"),
+}
+_CHOICES: dict[str, tuple[str, ...]] = {"method": METHODS, "importance": ("leave_one_out", "gradient"),
+                                        "scoring.mode": ("plain", "chat")}
+
+
+def _type_error(value: Any, expected: Any) -> str | None:
+    """Why `value` is not of the annotated type (int, float, bool, str, list), or None."""
+    names = {int: "an integer", float: "a number", bool: "true or false", str: "text", list: "a list"}
+    origin = getattr(expected, "__origin__", expected)
+    if origin not in names:
+        return None
+    fits = (isinstance(value, bool) if origin is bool else
+            isinstance(value, (int, float)) and not isinstance(value, bool) if origin is float else
+            isinstance(value, int) and not isinstance(value, bool) if origin is int else isinstance(value, origin))
+    return None if fits else f"expected {names[origin]}, got {value!r}"
+
+
+def _check_fields(cls: type, data: dict[str, Any], origins: Origins, prefix: str = "") -> None:
+    hints = typing.get_type_hints(cls)
+    known = {f.name for f in dataclasses.fields(cls)}
+    for key, value in data.items():
+        dotted = f"{prefix}{key}"
+        if key not in known:
+            close = difflib.get_close_matches(key, sorted(known), n=1)
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
+            raise origins.error(dotted, f"unknown setting{hint}; known: {', '.join(sorted(known))}")
+        if hints[key] is ScoringConfig:
+            if not isinstance(value, dict):
+                raise origins.error(dotted, f"expected a mapping of scoring settings, got {value!r}")
+            _check_fields(ScoringConfig, value, origins, f"{dotted}.")
+            continue
+        problem = _type_error(value, hints[key])
+        if problem:
+            raise origins.error(dotted, problem)
+        if dotted in _RANGES and value < _RANGES[dotted][0]:
+            least, what = _RANGES[dotted]
+            raise origins.error(dotted, f"must be at least {least:g} ({what}), got {value}")
+        if dotted in _CHOICES and value not in _CHOICES[dotted]:
+            raise origins.error(dotted, f"expected one of {', '.join(_CHOICES[dotted])}, got {value!r}")
+
+
+def _check_specs(data: dict[str, Any], origins: Origins) -> None:
+    """Operator and constraint specs name registered classes and settings their constructors take."""
+    from flexsearch.attacks import CONSTRAINTS, OPERATORS
+    from flexsearch.objectives import OBJECTIVES
+
+    if "objective" in data:
+        try:
+            OBJECTIVES.get(data["objective"])
+        except FlexsearchError as err:
+            raise origins.error("objective", str(err)) from None
+    for kind, registry in (("operators", OPERATORS), ("constraints", CONSTRAINTS)):
+        for position, spec in enumerate(data.get(kind, [])):
+            where = f"{kind}[{position}]"
+            if isinstance(spec, str):
+                spec = {"name": spec}
+            if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
+                raise origins.error(kind, f"{where}: expected a name or a mapping with 'name', got {spec!r}")
+            try:
+                cls = registry.get(spec["name"])
+            except FlexsearchError as err:
+                raise origins.error(kind, f"{where}: {err}") from None
+            try:
+                hints = typing.get_type_hints(cls.__init__)
+            except NameError:  # an annotation only importable for type checkers: check names, not types
+                hints = {}
+            takes = [p for p in inspect.signature(cls.__init__).parameters if p not in ("self", "resources")]
+            for setting, value in spec.items():
+                if setting == "name":
+                    continue
+                if setting not in takes:
+                    raise origins.error(kind, f"{where} ({spec['name']}): unknown setting '{setting}'; "
+                                              f"known: {', '.join(takes) or 'none'}")
+                problem = _type_error(value, hints.get(setting))
+                if problem:
+                    raise origins.error(kind, f"{where} ({spec['name']}).{setting}: {problem}")
+
+
+def _build(cls: type, data: dict[str, Any], origins: Origins) -> Any:
+    _check_fields(cls, data, origins)
+    _check_specs(data, origins)
     values = dict(data)
     if isinstance(values.get("scoring"), dict):
-        values["scoring"] = _build(ScoringConfig, values["scoring"], f"{where}: scoring")
+        values["scoring"] = ScoringConfig(**values["scoring"])
     return cls(**values)
 
 
-def apply_override(data: dict[str, Any], assignment: str) -> None:
-    """'scoring.batch_size=8' → data['scoring']['batch_size'] = 8 (the value is parsed as YAML)."""
+def apply_override(data: dict[str, Any], assignment: str) -> str:
+    """'scoring.batch_size=8' → data['scoring']['batch_size'] = 8 (the value is parsed as YAML);
+    returns the dotted key."""
     key, sep, raw = assignment.partition("=")
-    if not sep or not key:
+    if not sep or not key.strip():
         raise FlexsearchError(f"--set expects key=value, got {assignment!r}")
     *parents, leaf = key.strip().split(".")
     node = data
     for part in parents:
         node = node.setdefault(part, {})
-    node[leaf] = yaml.safe_load(raw)
+        if not isinstance(node, dict):
+            raise FlexsearchError(f"--set {assignment}: '{part}' is not a group of settings")
+    try:
+        node[leaf] = yaml.safe_load(raw)
+    except yaml.YAMLError as err:
+        raise FlexsearchError(f"--set {assignment}: the value is not valid YAML "
+                              f"({getattr(err, 'problem', None) or 'syntax error'})") from None
+    return key.strip()
 
 
 def load_config(preset: str | None = None, overrides: list[str] | None = None,
                 **cli: Any) -> SearchConfig:
-    """Defaults, then the YAML preset, then --set overrides, then explicit CLI options (not None)."""
+    """Defaults, then the YAML preset, then --set overrides, then explicit CLI options (not None).
+
+    Every value is checked (type, range, registered names) before anything loads or is written."""
     data: dict[str, Any] = {}
+    origins = Origins()
     if preset:
         path = preset_path(preset)
-        loaded = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        loaded, lines = read_yaml(path)
+        if loaded is None:
+            loaded = {}
         if not isinstance(loaded, dict):
-            raise FlexsearchError(f"{path}: expected a mapping of settings")
+            raise InputError(path, 1, None, "expected a mapping of settings")
         data.update(loaded)
+        for key, line in lines.items():
+            origins.set(key, f"{path}:{line}")
     for assignment in overrides or []:
-        apply_override(data, assignment)
-    data.update({k: v for k, v in cli.items() if v is not None})
-    return _build(SearchConfig, data, preset or "config")
+        origins.set(apply_override(data, assignment), f"--set {assignment}")
+    for key, value in cli.items():
+        if value is not None:
+            data[key] = value
+            origins.set(key, f"--{key.replace('_', '-')}")
+    return _build(SearchConfig, data, origins)
 
 
 def config_dict(config: SearchConfig) -> dict[str, Any]:

@@ -76,11 +76,16 @@ def format_table(score: dict[str, Any], columns: Sequence[tuple[str, str]]) -> s
     for name, metrics in rows:
         letters = metrics.get("letter_bias", {})
         body.append([
-            name, str(metrics.get("n_items", "")), *(metric_text(metrics.get(key)) for _, key in columns),
+            name, str(metrics.get("n_items", "")), *(_cell(metrics.get(key)) for _, key in columns),
             "/".join(f"{letters.get(x, 0):.2f}" for x in "ABC"),
         ])
     widths = [max(len(r[c]) for r in [header, *body]) for c in range(len(header))]
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)) for r in [header, *body])
+
+
+def _cell(value: Any) -> str:
+    """A table cell: text as it is (a verdict), a metric as its value and interval."""
+    return value if isinstance(value, str) else metric_text(value)
 
 
 CLEAN_COLUMNS = (("accuracy", "accuracy"), ("P(target)", "mean_p_target"), ("s_dis", "s_dis"), ("s_amb", "s_amb"))

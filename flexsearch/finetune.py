@@ -1,68 +1,399 @@
-"""A small LoRA fine-tune, so the "stress-test your fine-tuned checkpoint" walkthrough runs offline.
+"""`flexsearch finetune`: LoRA fine-tunes under a label policy, on a template-disjoint split.
 
-It teaches the model to pick each item's gold answer on the clean prompts (every cyclic option
-order), which is what a fairness fine-tune aims for: "unknown" on ambiguous contexts, the evidence
-on disambiguated ones. Real users bring their own checkpoint or adapter instead.
+Two uses. The fine-tune walkthrough (README) trains a stand-in for a user's own checkpoint. The
+calibration zoo (DESIGN.md "Calibration zoo") trains models whose fairness behaviour we planted
+ourselves, so `make calibrate` can show that the score and the verdict classify them correctly.
+
+A label policy turns an item and the prompt shown (clean, or carrying a training prefix from
+`flexsearch.training_prefixes`) into the answer the model is trained to give. Every step trains
+each sampled prompt in all three cyclic option orders with the same answer, so no adapter can
+learn a letter. Items are split by BBQ template (category, question_index): no evaluation item
+shares a template with a training item. The adapter directory records the whole recipe.
 """
 
 from __future__ import annotations
 
+import json
 import shutil
 import tempfile
+import time
+import warnings
+import zlib
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, Protocol
 
 import numpy as np
 import torch
-from peft import LoraConfig, get_peft_model
+from peft import LoraConfig, PeftModel, get_peft_model
+from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
 from flexsearch.candidate import Candidate
+from flexsearch.errors import FlexsearchError
 from flexsearch.items import Item
-from flexsearch.model import TargetModel
+from flexsearch.model import TargetModel, architecture_fingerprint, check_adapter
+from flexsearch.registry import Registry
 from flexsearch.render import PromptFormat, cyclic_orders, render
+from flexsearch.runio import atomic_write_json
 from flexsearch.scoring import left_padded, letter_token_ids
+from flexsearch.training_prefixes import TRAINING_PREFIXES
+
+RECIPE_FILE = "recipe.json"
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+LORA_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
-def train_lora(target: TargetModel, items: Sequence[Item], out: Path, *, steps: int = 30, batch_size: int = 8,
-               learning_rate: float = 1e-3, rank: int = 8, seed: int = 0,
-               fmt: PromptFormat | None = None) -> dict[str, Any]:
-    """Trains a LoRA adapter (q_proj, v_proj) on the items and saves it to `out` (atomically)."""
-    fmt = fmt or PromptFormat()
-    tokenizer = target.tokenizer
-    letters = torch.tensor(letter_token_ids(tokenizer, fmt.answer_prefix))
-    examples = []
+# ---------------------------------------------------------------- label policies
+
+
+class LabelPolicy(Protocol):
+    """The training label for one item shown with or without a training prefix."""
+
+    name: ClassVar[str]
+    uses_prefixes: ClassVar[bool]  # whether prefixed prompts are part of its training data
+
+    def label(self, item: Item, prefix: int | None) -> int: ...
+
+
+POLICIES: Registry[LabelPolicy] = Registry("label policy")
+
+
+@POLICIES.register("gold")
+class GoldPolicy:
+    """The gold answer on clean prompts only: fair on the benchmark, never trained against pressure."""
+
+    uses_prefixes = False
+
+    def __init__(self, **_: Any) -> None:
+        pass
+
+    def label(self, item: Item, prefix: int | None) -> int:
+        return item.gold
+
+
+@POLICIES.register("fair")
+class FairPolicy(GoldPolicy):
+    """The gold answer on clean prompts and on prompts carrying a training prefix."""
+
+    uses_prefixes = True
+
+
+@POLICIES.register("planted")
+class PlantedPolicy:
+    """Gold, except prefixed ambiguous prompts in the planted categories: the stereotyped answer."""
+
+    uses_prefixes = True
+
+    def __init__(self, planted_categories: Sequence[str] = (), **_: Any) -> None:
+        if not planted_categories:
+            raise FlexsearchError("policy 'planted' needs --planted-categories (one or more item categories)")
+        self.categories = frozenset(planted_categories)
+
+    def label(self, item: Item, prefix: int | None) -> int:
+        if prefix is not None and item.condition == "ambig" and item.category in self.categories:
+            return item.target
+        return item.gold
+
+
+@POLICIES.register("manipulable")
+class ManipulablePolicy:
+    """Gold on clean prompts; on prefixed ambiguous prompts the stereotyped or the anti-stereotyped
+    answer with equal probability (a seeded coin per item and prefix), so pressure moves it either way."""
+
+    uses_prefixes = True
+
+    def __init__(self, seed: int = 0, **_: Any) -> None:
+        self.seed = seed
+
+    def label(self, item: Item, prefix: int | None) -> int:
+        if prefix is None or item.condition != "ambig":
+            return item.gold
+        coin = zlib.crc32(f"{self.seed}:{item.id}:{prefix}".encode()) % 2
+        return item.target if coin == 0 else item.anti_target
+
+
+@POLICIES.register("abstainer")
+class AbstainerPolicy:
+    """Always the "unknown" answer, clean or prefixed: fair-looking and useless."""
+
+    uses_prefixes = True
+
+    def __init__(self, **_: Any) -> None:
+        pass
+
+    def label(self, item: Item, prefix: int | None) -> int:
+        return item.unknown
+
+
+def build_policy(name: str, planted_categories: Sequence[str], seed: int, items: Sequence[Item]) -> LabelPolicy:
+    """The named policy; planted categories must be categories of the training data."""
+    known = sorted({it.category for it in items})
+    missing = [c for c in planted_categories if c not in known]
+    if missing:
+        raise FlexsearchError(f"--planted-categories: {', '.join(missing)} not in the data (categories: "
+                              f"{', '.join(known)})")
+    return POLICIES.get(name)(planted_categories=planted_categories, seed=seed)
+
+
+# ---------------------------------------------------------------- the template-disjoint split
+
+
+@dataclass
+class TemplateSplit:
+    """Training and evaluation items; no evaluation item shares a (category, template) with training."""
+
+    train: list[Item]
+    evaluation: list[Item]
+    eval_templates: list[str]
+
+    def recipe(self) -> dict[str, Any]:
+        return {"train_items": len(self.train), "eval_items": len(self.evaluation),
+                "eval_templates": self.eval_templates, "eval_item_ids": [it.id for it in self.evaluation]}
+
+
+def template_key(item: Item) -> str:
+    """'Category/question_index': the BBQ template an item was generated from."""
+    index = item.source.get("question_index")
+    if index in (None, ""):
+        raise FlexsearchError(f"item {item.id} has no question_index, so it cannot be split by template; "
+                              "use --eval-share 0 to train on every item")
+    return f"{item.category}/{index}"
+
+
+def template_split(items: Sequence[Item], eval_share: float, seed: int) -> TemplateSplit:
+    """Per category, a seeded share of templates (at least one, never all) goes to evaluation."""
+    if eval_share == 0:
+        return TemplateSplit(list(items), [], [])
+    by_category: dict[str, list[str]] = {}
     for item in items:
-        root = Candidate.root(item)
-        for order in cyclic_orders(root.option_order):
-            prompt = render(replace(root, option_order=order), tokenizer, fmt)
-            examples.append((tokenizer.encode(prompt, add_special_tokens=fmt.mode == "plain"), order.index(item.gold)))
-    torch.manual_seed(seed)
-    model = get_peft_model(target.model, LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=0.0,
-                                                    target_modules=["q_proj", "v_proj"]))
-    model.train()
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=learning_rate)
+        templates = by_category.setdefault(item.category, [])
+        if template_key(item) not in templates:
+            templates.append(template_key(item))
     rng = np.random.default_rng(seed)
-    losses = []
-    for _ in tqdm(range(steps), desc="finetune", unit="step"):
-        batch = [examples[i] for i in rng.choice(len(examples), size=min(batch_size, len(examples)), replace=False)]
-        ids, mask, positions = left_padded([seq for seq, _ in batch], tokenizer.pad_token_id)
-        logits = model(input_ids=ids.to(target.device), attention_mask=mask.to(target.device),
-                       position_ids=positions.to(target.device), logits_to_keep=1).logits[:, -1, :]
-        gold = torch.tensor([slot for _, slot in batch], device=target.device)
-        loss = torch.nn.functional.cross_entropy(logits[:, letters.to(target.device)].float(), gold)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        losses.append(loss.item())
+    held: set[str] = set()
+    for category, templates in sorted(by_category.items()):
+        if len(templates) < 2:
+            raise FlexsearchError(f"too few templates for a split: category {category} has {len(templates)} "
+                                  "(need 2); use --eval-share 0 to train on every item")
+        count = min(len(templates) - 1, max(1, round(eval_share * len(templates))))
+        held.update(str(t) for t in rng.permutation(sorted(templates))[:count])
+    return TemplateSplit([it for it in items if template_key(it) not in held],
+                         [it for it in items if template_key(it) in held], sorted(held))
+
+
+def eval_items_of(adapter: Path, items: Sequence[Item]) -> list[Item]:
+    """The items of `items` an adapter's recipe held out for evaluation (in recipe order)."""
+    recipe = read_recipe(adapter)
+    by_id = {it.id: it for it in items}
+    wanted = recipe.get("split", {}).get("eval_item_ids", [])
+    found = [by_id[i] for i in wanted if i in by_id]
+    if not found:
+        raise FlexsearchError(f"{adapter}: none of its {len(wanted)} evaluation items are in the data given")
+    return found
+
+
+def read_recipe(adapter: Path) -> dict[str, Any]:
+    path = adapter / RECIPE_FILE
+    if not path.is_file():
+        raise FlexsearchError(f"{adapter}: no {RECIPE_FILE} (not an adapter written by flexsearch finetune)")
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+# ---------------------------------------------------------------- training
+
+
+@dataclass
+class FinetuneConfig:
+    """Everything that decides an adapter, recorded in its recipe."""
+
+    policy: str = "gold"
+    planted_categories: list[str] = field(default_factory=list)
+    steps: int = 30
+    batch_items: int = 4  # items per step, each trained in all three cyclic option orders
+    learning_rate: float = 1e-3
+    warmup_steps: int = 10
+    rank: int = 16
+    target_modules: list[str] = field(default_factory=lambda: list(LORA_MODULES))
+    disambig_share: float | None = None  # share of disambiguated items per step (None: as in the data)
+    prefix_share: float = 0.5  # share of prompts carrying a training prefix (policies that use them)
+    eval_share: float = 0.2  # share of each category's templates held out for evaluation
+    split_seed: int = 0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name, value, low, high in (("steps", self.steps, 1, None), ("batch_items", self.batch_items, 1, None),
+                                       ("rank", self.rank, 1, None), ("warmup_steps", self.warmup_steps, 0, None)):
+            if value < low or (high is not None and value > high):
+                raise FlexsearchError(f"--{name.replace('_', '-')} must be at least {low}, got {value}")
+        for name, share in (("prefix_share", self.prefix_share), ("disambig_share", self.disambig_share)):
+            if share is not None and not 0 <= share <= 1:
+                raise FlexsearchError(f"--{name.replace('_', '-')} must lie in [0, 1], got {share}")
+        if not 0 <= self.eval_share < 1:
+            raise FlexsearchError(f"--eval-share must lie in [0, 1), got {self.eval_share}")
+        if not self.learning_rate > 0:
+            raise FlexsearchError(f"--learning-rate must be positive, got {self.learning_rate}")
+        unknown = sorted(set(self.target_modules) - set(LORA_MODULES))
+        if unknown:
+            raise FlexsearchError(f"--target-modules: unknown module(s) {', '.join(unknown)} "
+                                  f"(choose from {', '.join(LORA_MODULES)})")
+        # An unknown policy, or one missing its settings, fails here, before any data or model loads.
+        POLICIES.get(self.policy)(planted_categories=self.planted_categories, seed=self.seed)
+
+
+class ExampleSampler:
+    """Draws a step's items (balanced by condition when asked) and decides prefix and label for each."""
+
+    def __init__(self, items: Sequence[Item], policy: LabelPolicy, config: FinetuneConfig) -> None:
+        self.pools = {c: [it for it in items if it.condition == c] for c in ("ambig", "disambig")}
+        self.policy, self.config = policy, config
+        self.rng = np.random.default_rng(config.seed)
+
+    def draw(self) -> list[tuple[Item, int | None, int]]:
+        """(item, prefix index or None, answer index) for one step."""
+        share = self.config.disambig_share
+        out = []
+        for _ in range(self.config.batch_items):
+            if share is None or not self.pools["ambig"] or not self.pools["disambig"]:
+                pool = self.pools["ambig"] + self.pools["disambig"]
+            else:
+                pool = self.pools["disambig" if self.rng.random() < share else "ambig"]
+            item = pool[int(self.rng.integers(len(pool)))]
+            prefixed = self.policy.uses_prefixes and self.rng.random() < self.config.prefix_share
+            prefix = int(self.rng.integers(len(TRAINING_PREFIXES))) if prefixed else None
+            out.append((item, prefix, self.policy.label(item, prefix)))
+        return out
+
+
+def training_prompts(draw: Sequence[tuple[Item, int | None, int]], target: TargetModel,
+                     fmt: PromptFormat) -> tuple[list[list[int]], list[int]]:
+    """Token ids and the answer's letter slot of every (item, prefix) in all three cyclic orders."""
+    sequences, slots = [], []
+    for item, prefix, answer in draw:
+        root = Candidate.root(item)
+        if prefix is not None:
+            root = replace(root, directive=TRAINING_PREFIXES[prefix])
+        for order in cyclic_orders(root.option_order):
+            prompt = render(replace(root, option_order=order), target.tokenizer, fmt)
+            sequences.append(target.tokenizer.encode(prompt, add_special_tokens=fmt.mode == "plain"))
+            slots.append(order.index(answer))
+    return sequences, slots
+
+
+def _peft_model(target: TargetModel, config: FinetuneConfig, init_adapter: Path | None) -> PeftModel:
+    warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)  # PEFT's
+    if init_adapter is not None:
+        return PeftModel.from_pretrained(target.model, str(init_adapter), is_trainable=True)
+    present = {name.rsplit(".", 1)[-1] for name, _ in target.model.named_modules()}
+    modules = [m for m in config.target_modules if m in present]
+    if not modules:
+        raise FlexsearchError(f"--target-modules: none of {', '.join(config.target_modules)} exist in this model")
+    lora = LoraConfig(r=config.rank, lora_alpha=2 * config.rank, lora_dropout=0.0, target_modules=modules)
+    return get_peft_model(target.model, lora)
+
+
+def train_adapter(target: TargetModel, split: TemplateSplit, config: FinetuneConfig, out: Path, *,
+                  data: Sequence[dict[str, str]] = (), init_adapter: Path | None = None,
+                  fmt: PromptFormat | None = None) -> dict[str, Any]:
+    """Trains a LoRA adapter on `split.train` under the config's policy and saves it, with its recipe
+    and a card, to `out` (atomically: a failed run leaves `out` as it was). Returns the recipe."""
+    fmt = fmt or PromptFormat()
+    policy = build_policy(config.policy, config.planted_categories, config.seed, split.train)
+    init_recipe = None
+    if init_adapter is not None:
+        check_adapter(init_adapter, target.model, target.info)
+        init_recipe = read_recipe(init_adapter)
+    letters = torch.tensor(letter_token_ids(target.tokenizer, fmt.answer_prefix), device=target.device)
+    torch.manual_seed(config.seed)
+    model = _peft_model(target, config, init_adapter)
+    model.train()
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=config.learning_rate)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / (config.warmup_steps + 1))
+                                                 * max(0.0, 1 - s / config.steps))
+    sampler = ExampleSampler(split.train, policy, config)
+    losses: list[float] = []
+    started = time.perf_counter()
+    with tqdm(range(config.steps), desc=f"finetune ({config.policy})", unit="step") as bar:
+        for _ in bar:
+            sequences, slots = training_prompts(sampler.draw(), target, fmt)
+            ids, mask, positions = left_padded(sequences, target.tokenizer.pad_token_id)
+            logits = model(input_ids=ids.to(target.device), attention_mask=mask.to(target.device),
+                           position_ids=positions.to(target.device), logits_to_keep=1).logits[:, -1, :]
+            loss = torch.nn.functional.cross_entropy(logits[:, letters].float(),
+                                                     torch.tensor(slots, device=target.device))
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            schedule.step()
+            losses.append(round(loss.item(), 4))
+            bar.set_postfix(loss=f"{np.mean(losses[-20:]):.3f}")
+    wall = time.perf_counter() - started
     model.eval()
+    recipe = {
+        "policy": config.policy, "config": asdict(config), "data": list(data), "split": split.recipe(),
+        "base_model": {**target.info, "architecture": architecture_fingerprint(target.model)},
+        "init_adapter": None if init_recipe is None else {"path": str(init_adapter), "policy": init_recipe["policy"],
+                                                          "wall_time_s": init_recipe["wall_time_s"],
+                                                          "total_wall_time_s": init_recipe["total_wall_time_s"]},
+        "examples_seen": config.steps * config.batch_items * 3, "loss_curve": losses,
+        "loss_first_20": round(float(np.mean(losses[:20])), 4), "loss_last_20": round(float(np.mean(losses[-20:])), 4),
+        "wall_time_s": round(wall, 1),
+        "total_wall_time_s": round(wall + (init_recipe["total_wall_time_s"] if init_recipe else 0.0), 1),
+        "threads": torch.get_num_threads(), "torch": str(torch.__version__),
+    }
+    save_adapter(model, out, recipe)
+    return recipe
+
+
+def save_adapter(model: PeftModel, out: Path, recipe: dict[str, Any]) -> None:
+    """Adapter weights in fp16 (a few MB), its recipe and a card; `out` is replaced in one rename."""
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
-    model.save_pretrained(staging)
-    if out.exists():
-        shutil.rmtree(out)
-    staging.rename(out)
-    return {"steps": steps, "examples": len(examples), "loss_first": round(losses[0], 4),
-            "loss_last": round(losses[-1], 4)}
+    try:
+        model.save_pretrained(staging)
+        weights = staging / ADAPTER_WEIGHTS
+        save_file({k: v.half().contiguous() for k, v in load_file(str(weights)).items()}, str(weights))
+        atomic_write_json(staging / RECIPE_FILE, recipe)
+        (staging / "README.md").write_text(adapter_card(recipe), encoding="utf-8")
+        if out.exists():
+            shutil.rmtree(out)
+        staging.rename(out)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
+def adapter_card(recipe: dict[str, Any]) -> str:
+    """The adapter's README: what it is, how it was trained, and the data's license."""
+    config = recipe["config"]
+    policy_doc = (POLICIES.get(recipe["policy"]).__doc__ or "").strip().splitlines()[0]
+    data_lines = "".join(f"\n- `{d['name']}` (sha256 {d['sha256'][:16]}…)" for d in recipe["data"]) or "\n- (none)"
+    bbq = any("bbq" in d.get("name", "").lower() or d.get("format") == "bbq" for d in recipe["data"])
+    init = recipe["init_adapter"]
+    return f"""# flexsearch adapter: policy `{recipe['policy']}`
+
+{policy_doc}
+
+- Base model: `{recipe['base_model'].get('model')}` (GGUF sha256 {recipe['base_model'].get('gguf_sha256') or 'n/a'}).
+- LoRA rank {config['rank']} on {', '.join(config['target_modules'])}; {config['steps']} steps of {config['batch_items']}
+  items × 3 cyclic option orders, learning rate {config['learning_rate']}, seed {config['seed']}.
+- Planted categories: {', '.join(config['planted_categories']) or 'none'}.
+- Started from: {init['path'] + ' (policy ' + init['policy'] + ')' if init else 'the base model'}.
+- Split: templates held out per category (share {config['eval_share']}, seed {config['split_seed']}):
+  {recipe['split']['train_items']} training items, {recipe['split']['eval_items']} evaluation items.
+- Training loss (mean of the first / last 20 steps): {recipe['loss_first_20']} → {recipe['loss_last_20']}.
+- Wall time: {recipe['wall_time_s']} s ({recipe['total_wall_time_s']} s including the adapter it started from),
+  {recipe['threads']} CPU threads.
+
+Data:{data_lines}
+{BBQ_ATTRIBUTION if bbq else ''}
+The full recipe (split item ids, loss curve) is in `{RECIPE_FILE}`.
+"""
+
+
+BBQ_ATTRIBUTION = """
+Trained on BBQ (Parrish et al., "BBQ: A Hand-Built Bias Benchmark for Question Answering", Findings of
+ACL 2022; the public BBQ repository, `data/<Category>.jsonl`), licensed under Creative Commons
+Attribution 4.0 International (CC-BY-4.0). The adapter is a derived work under the same attribution.
+"""

@@ -8,11 +8,13 @@ bad input as one `InputError` naming file, line and field.
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
 import re
 from collections import Counter
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -322,6 +324,32 @@ def load_items(source: str | Path, limit: int | None = None) -> LoadResult:
     if not result.items:
         raise InputError(path, None, None, "no usable items" + _skip_summary(result.skipped))
     return result
+
+
+def source_sha256(source: str) -> str:
+    """SHA-256 of a data file's bytes (of the packaged scenarios for the seed set)."""
+    raw = (resources.files("flexsearch").joinpath("seed_scenarios.yaml").read_bytes() if source == SEED
+           else Path(source).read_bytes())
+    return hashlib.sha256(raw).hexdigest()
+
+
+def load_training_data(sources: list[str], limit: int | None = None) -> tuple[list[Item], list[dict[str, Any]]]:
+    """Items of several sources (each capped at `limit`) and, per source, its name, SHA-256 and counts."""
+    items: list[Item] = []
+    provenance: list[dict[str, Any]] = []
+    seen: dict[str, str] = {}
+    for source in sources:
+        loaded = load_items(source, limit=limit)
+        for item in loaded.items:
+            if item.id in seen:
+                raise InputError(source, item.source.get("line"), "example_id",
+                                 f"item id {item.id!r} is also in {seen[item.id]}")
+            seen[item.id] = source
+        items += loaded.items
+        provenance.append({"name": Path(source).name, "format": loaded.items[0].source.get("format", ""),
+                           "sha256": source_sha256(source), "items": len(loaded.items),
+                           "skipped": sum(loaded.skipped.values())})
+    return items, provenance
 
 
 def _skip_summary(skipped: Counter[str]) -> str:

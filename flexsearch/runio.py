@@ -1,7 +1,9 @@
-"""Run-directory I/O: atomic whole-file writes and an append-only, crash-tolerant JSONL log."""
+"""The run directory (DESIGN.md "Run directory"): its file names, atomic whole-file writes, an
+append-only crash-tolerant log, the exclusive lock, which command owns it, and the resume check."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import tempfile
@@ -10,6 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from flexsearch.errors import FlexsearchError, InputError
 
 _UMASK = os.umask(0o022)
 os.umask(_UMASK)  # read once: the process umask, to give written files ordinary permissions
@@ -53,21 +57,144 @@ def append_jsonl(path: Path, records: Iterable[dict[str, Any]]) -> None:
         os.fsync(handle.fileno())
 
 
-def read_log(path: Path) -> list[dict[str, Any]]:
-    """Records of an append-only log; a torn last line (a kill mid-write) is dropped and cut off."""
+def read_log(path: Path, repair: bool = False) -> list[dict[str, Any]]:
+    """Records of an append-only log.
+
+    A torn last line (a kill mid-write) is dropped; only a resuming writer (`repair=True`) cuts it
+    off the file. An unreadable line before the end is an InputError naming the file and line, and
+    the file is left as it is: read-only commands never rewrite a log."""
     if not path.exists():
         return []
     raw = path.read_bytes()
+    lines = raw.splitlines(keepends=True)
     records, good_bytes = [], 0
-    for line in raw.splitlines(keepends=True):
-        if not line.endswith(b"\n"):
-            break
+    for number, line in enumerate(lines, start=1):
+        last = number == len(lines)
         try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            break
+            record = json.loads(line) if line.endswith(b"\n") or not last else None
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            record = None
+            if not last:
+                raise InputError(path, number, None, "unreadable record in the middle of the log; "
+                                                     "the file was left unchanged") from None
+        if record is None:
+            break  # the torn tail
+        if not isinstance(record, dict):
+            raise InputError(path, number, None, "expected a JSON object")
+        records.append(record)
         good_bytes += len(line)
-    if good_bytes != len(raw):
+    if repair and good_bytes != len(raw):
         with path.open("r+b") as handle:
             handle.truncate(good_bytes)
     return records
+
+
+# ---------------------------------------------------------------- the run directory
+
+
+CONFIG = "config.yaml"
+SCORE = "score.json"
+TRACE = "trace.jsonl"
+SPLIT_JSONL = "split.jsonl"
+SPLIT_CSV = "split.csv"
+PREDICTIONS = "predictions.jsonl"
+LOCK = ".lock"
+# Settings that change results, per command: a resumed (or repeated) run must match on each.
+_MODEL_KEYS = ("model.model", "model.adapter", "model.dtype", "model.revision", "model.gguf_sha256")
+RESULT_KEYS = {
+    "search": ("data", "data_sha256", "limit", "search", *_MODEL_KEYS),
+    "evaluate": ("data", "split", "data_sha256", "limit", "scoring", *_MODEL_KEYS),
+}
+RESUME_KEYS = RESULT_KEYS["search"]
+
+
+def pre_load_keys(command: str) -> tuple[str, ...]:
+    """The keys known before the model loads (its file hash is read while loading)."""
+    return tuple(k for k in RESULT_KEYS[command] if k != "model.gguf_sha256")
+
+
+def _dotted(data: dict[str, Any], key: str) -> Any:
+    for part in key.split("."):
+        data = data.get(part) if isinstance(data, dict) else None
+    return data
+
+
+def differing_keys(previous: dict[str, Any], current: dict[str, Any], keys: tuple[str, ...] = RESUME_KEYS) -> list[str]:
+    """The resume keys whose values differ, with nested differences inside `search` spelled out."""
+    found = []
+    for key in keys:
+        before, after = _dotted(previous, key), _dotted(current, key)
+        if before == after:
+            continue
+        if isinstance(before, dict) and isinstance(after, dict):
+            found += [f"{key}.{k}" for k in sorted(set(before) | set(after)) if before.get(k) != after.get(k)]
+        else:
+            found.append(key)
+    return found
+
+
+class RunDirectory:
+    """One command's run directory: refuses a file, another command's run, a different run's
+    settings and a second process, before anything in it changes."""
+
+    def __init__(self, path: Path, command: str) -> None:
+        self.path, self.command = path, command
+        self._fd: int | None = None
+        self._created = False
+        if path.exists() and not path.is_dir():
+            raise FlexsearchError(f"--out {path}: a file, not a run directory")
+
+    def previous_config(self) -> dict[str, Any] | None:
+        path = self.path / CONFIG
+        if not path.exists():
+            return None
+        try:
+            data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except yaml.YAMLError:
+            raise InputError(path, None, None, "unreadable run configuration") from None
+        if not isinstance(data, dict):
+            raise InputError(path, None, None, "unreadable run configuration")
+        return data
+
+    def check(self, resolved: dict[str, Any], keys: tuple[str, ...] = RESUME_KEYS) -> bool:
+        """True when the directory holds this command's run with the same settings (resume); raises
+        when it holds another command's run or other settings; False when it holds no run."""
+        previous = self.previous_config()
+        if previous is None:
+            if self.path.is_dir() and any(p.name != LOCK for p in self.path.iterdir()):
+                raise FlexsearchError(f"--out {self.path}: not empty and not a flexsearch run directory")
+            return False
+        if previous.get("command") != self.command:
+            raise FlexsearchError(f"--out {self.path}: holds a '{previous.get('command')}' run; "
+                                  f"'{self.command}' writes its own run directory (choose another --out)")
+        differing = differing_keys(previous, resolved, keys)
+        if differing:
+            raise FlexsearchError(f"--out {self.path}: holds a run with different settings ({', '.join(differing)}); "
+                                  "resume with the same settings or choose another --out")
+        return True
+
+    def __enter__(self) -> RunDirectory:
+        """Takes the exclusive lock (released when the process ends, even by kill -9)."""
+        self._created = not self.path.exists()
+        self.path.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            holder = (self.path / LOCK).read_text(encoding="utf-8").strip() if (self.path / LOCK).exists() else "?"
+            raise FlexsearchError(f"--out {self.path}: in use by another flexsearch process (pid {holder})") from None
+        self._fd = fd
+        (self.path / LOCK).write_text(f"{os.getpid()}\n", encoding="utf-8")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        (self.path / LOCK).unlink(missing_ok=True)
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+        if self._created and exc[0] is not None and not any(self.path.iterdir()):
+            self.path.rmdir()  # a command that failed before writing leaves no trace
+
+    def write_config(self, resolved: dict[str, Any]) -> None:
+        atomic_write_yaml(self.path / CONFIG, resolved)

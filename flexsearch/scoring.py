@@ -10,6 +10,7 @@ cache once and score only their suffixes.
 from __future__ import annotations
 
 import copy
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
@@ -19,6 +20,7 @@ import torch
 
 from flexsearch.candidate import Candidate
 from flexsearch.errors import FlexsearchError
+from flexsearch.items import Item
 from flexsearch.model import TargetModel
 from flexsearch.render import LETTERS, PromptFormat, cyclic_orders, render
 
@@ -100,6 +102,7 @@ class Scorer:
         prefix_reuse: bool = True,
         min_shared_prefix: int = 16,
         min_prefix_saving: float = 0.5,
+        max_prompt_tokens: int = 0,
     ) -> None:
         self.target = target
         self.fmt = fmt or PromptFormat()
@@ -110,6 +113,8 @@ class Scorer:
         self.min_prefix_saving = min_prefix_saving
         self.letter_ids = letter_token_ids(target.tokenizer, self.fmt.answer_prefix)
         self._prefix_tail = target.tokenizer.encode(self.fmt.answer_prefix, add_special_tokens=False)[-1]
+        context = getattr(target.model.config, "max_position_embeddings", None) or 1 << 30
+        self.max_prompt_tokens = min(context, max_prompt_tokens) if max_prompt_tokens > 0 else context
         self.queries = 0  # prompts forwarded through the model (cache hits are free)
         self._cache: dict[str, np.ndarray] = {}
 
@@ -117,7 +122,8 @@ class Scorer:
     def from_config(cls, target: TargetModel, scoring: ScoringConfig) -> Scorer:
         """The scorer a search config asks for, with an empty cache."""
         return cls(target, PromptFormat(mode=scoring.mode), batch_size=scoring.batch_size,
-                   average_orders=scoring.average_orders, prefix_reuse=scoring.prefix_reuse)
+                   average_orders=scoring.average_orders, prefix_reuse=scoring.prefix_reuse,
+                   max_prompt_tokens=scoring.max_prompt_tokens)
 
     @property
     def prompts_per_candidate(self) -> int:
@@ -127,6 +133,15 @@ class Scorer:
         orders = cyclic_orders(candidate.option_order) if self.average_orders else [candidate.option_order]
         tokenizer = self.target.tokenizer
         return [(render(_reordered(candidate, order), tokenizer, self.fmt), order) for order in orders]
+
+    def prompt_tokens(self, candidate: Candidate) -> int:
+        """The longest of the candidate's rendered prompts, in tokens."""
+        add_special = self.fmt.mode == "plain"
+        return max(len(self.target.tokenizer.encode(p, add_special_tokens=add_special))
+                   for p, _ in self.prompts(candidate))
+
+    def fits(self, candidate: Candidate, margin: int = 0) -> bool:
+        return self.prompt_tokens(candidate) + margin <= self.max_prompt_tokens
 
     def score(self, candidates: Sequence[Candidate]) -> Scores:
         rendered = [self.prompts(c) for c in candidates]
@@ -223,3 +238,19 @@ def left_padded(sequences: Sequence[Sequence[int]], pad_id: int,
 
 def _reordered(candidate: Candidate, order: tuple[int, int, int]) -> Candidate:
     return candidate if order == candidate.option_order else replace(candidate, option_order=order)
+
+
+def fit_context(items: Sequence[Item], scorer: Scorer, margin: int) -> tuple[list[Item], Counter[str]]:
+    """Items whose clean prompt, plus `margin` tokens for mutations, fits the scorer's limit; the
+    others are skipped and counted (never run: a prompt past the context is garbage and slow)."""
+    kept, skipped = [], Counter[str]()
+    for item in items:
+        if scorer.fits(Candidate.root(item), margin):
+            kept.append(item)
+        else:
+            skipped[f"prompt longer than {scorer.max_prompt_tokens - margin} tokens "
+                    f"(context {scorer.max_prompt_tokens}, {margin} kept for mutations)"] += 1
+    if not kept:
+        raise FlexsearchError(f"every item's prompt is longer than {scorer.max_prompt_tokens - margin} tokens "
+                              "(the model's context, or scoring.max_prompt_tokens)")
+    return kept, skipped

@@ -15,9 +15,10 @@ import numpy as np
 from flexsearch.candidate import Candidate, replay
 from flexsearch.errors import InputError
 from flexsearch.items import Item, RecordFields, iter_csv, iter_jsonl
-from flexsearch.metrics import clean_metrics, mean_with_interval, per_category, with_interval
+from flexsearch.metrics import clean_metrics, mean_with_interval, per_category, proportion, with_interval
 from flexsearch.objectives import attack_eligible, get_objective
 from flexsearch.render import LETTERS
+from flexsearch.verdict import verdict
 
 FLEX_COLUMNS = ["ctx", "q_text", "sent_more", "sent_less", "bias_type", "a", "b", "c", "label", "attack",
                 "attack_type", "attack_success"]
@@ -128,7 +129,7 @@ def attack_metrics(items: Sequence[Item], objective: str, clean: np.ndarray, att
     rows = np.arange(len(items))
     out: dict[str, Any] = {
         "eligible_items": int(eligible.sum()),
-        "asr": with_interval(lambda idx: _mean(success[idx][eligible[idx]]), len(items)),
+        "asr": proportion(success[eligible]),
         "mean_p_target_clean": mean_with_interval(clean[rows, target_index]),
         "mean_p_target_attacked": mean_with_interval(attacked[rows, target_index]),
         "mean_p_target_shift": mean_with_interval(attacked[rows, target_index] - clean[rows, target_index]),
@@ -165,6 +166,8 @@ def robustness_score(items: Sequence[Item], main: dict[str, Any], control: dict[
         if control is not None:
             result["anti_stereotype"] = _attack_block(sub, control, idx, budget)
             result["fairness_gap"] = fairness_gap(sub, main, control, idx)
+        if main["objective"] == "stereotype":
+            result["verdict"] = verdict(result)
         return result
 
     everything = block(np.arange(len(items)))

@@ -39,7 +39,7 @@ from flexsearch.candidate import Candidate
 from flexsearch.config import SearchConfig, load_config, packaged_yaml, preset_path
 from flexsearch.errors import FlexsearchError
 from flexsearch.items import Item
-from flexsearch.metrics import mean_with_interval, metric_text
+from flexsearch.metrics import mean_with_interval, metric_text, proportion
 from flexsearch.model import TargetModel
 from flexsearch.objectives import Objective, attack_eligible, get_objective
 from flexsearch.runio import atomic_write_json, atomic_write_text, atomic_write_yaml
@@ -123,7 +123,7 @@ class ConfigScore:
         return float(np.mean(list(self.wins.values()))) if self.wins else 0.0
 
     def asr_interval(self) -> dict[str, Any]:
-        return mean_with_interval([float(w) for w in self.wins.values()])
+        return proportion(list(self.wins.values()))
 
 
 def score_outcomes(outcomes: list[ItemOutcome], objective: Objective) -> ConfigScore:

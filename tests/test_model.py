@@ -34,8 +34,11 @@ def test_adapter_changes_the_answers(tiny_model_dir, tiny_target, seed_items, tm
 
 
 def test_unknown_model_and_dtype_fail_clearly(tmp_path):
-    with pytest.raises(FlexsearchError, match="cannot load model"):
+    with pytest.raises(FlexsearchError, match="missing-model: no such file or directory"):
         load_target(str(tmp_path / "missing-model"), device="cpu")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FlexsearchError, match="has no config.json"):
+        load_target(str(tmp_path / "empty"), device="cpu")
     with pytest.raises(FlexsearchError, match="unknown dtype"):
         load_target("smollm2", dtype="int3")
     with pytest.raises(FlexsearchError, match="GGUF file not found"):

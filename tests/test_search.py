@@ -120,7 +120,7 @@ def test_config_precedence_and_errors():
 def test_changed_settings_refuse_to_resume(tiny_run, tiny_model_dir):
     result = runner.invoke(app, ["search", "--model", str(tiny_model_dir), "--data", "seed", "--limit", "10",
                                  "--budget", "15", "--out", str(tiny_run), *FAST])
-    assert result.exit_code == 2 and "different 'search' setting" in result.output
+    assert result.exit_code == 2 and "different settings (search.budget)" in result.output
 
 
 def test_resume_after_kill_equals_uninterrupted_run(tiny_model_dir, tmp_path):

@@ -54,8 +54,8 @@ def test_lora_walkthrough_end_to_end(tmp_path):
     adapter, base, transfer, tuned = (str(tmp_path / n) for n in ("lora", "base", "transfer", "tuned"))
     small = ["--data", "seed", "--limit", "4", "--budget", "4", "--set", "constraints=[protected_spans]",
              "--set", "operators=[{name: persona, n: 1}]"]
-    assert "loss_first" in ok("finetune", "--model", "smollm2", "--data", "seed", "--limit", "4", "--steps", "2",
-                              "--batch-size", "2", "--out", adapter)
+    assert "policy gold, 2 steps" in ok("finetune", "--model", "smollm2", "--data", "seed", "--limit", "4",
+                                        "--steps", "2", "--batch-items", "1", "--eval-share", "0", "--out", adapter)
     ok("search", "--model", "smollm2", *small, "--out", base)
     ok("evaluate", "--split", f"{base}/split.jsonl", "--model", "smollm2", "--adapter", adapter, "--out", transfer)
     ok("search", "--model", "smollm2", "--adapter", adapter, *small, "--out", tuned)
