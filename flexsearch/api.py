@@ -240,17 +240,20 @@ def format_search_table(score: dict[str, Any], objective: str) -> str:
 def mutate(data: str, item_ref: str, operator: str, n: int, settings: list[str], seed: int) -> str:
     """Accepted mutations of one item (default constraints applied), one block per mutation."""
     from flexsearch.attacks import CONSTRAINTS, OPERATORS, AttackResources, build
-    from flexsearch.config import SearchConfig, apply_override
+    from flexsearch.config import Origins, SearchConfig, apply_override, check_specs
 
+    spec: dict[str, Any] = {"name": operator}
+    for assignment in settings:
+        apply_override(spec, assignment)
+    origins = Origins()
+    origins.set("operators", " ".join([f"--operator {operator}", *(f"--set {a}" for a in settings)]))
+    check_specs({"operators": [spec]}, origins)  # names and setting types, before any data is read
     items = load_items(data).items
     chosen = next((it for it in items if it.id == item_ref), None)
     if chosen is None and item_ref.isdigit() and int(item_ref) < len(items):
         chosen = items[int(item_ref)]
     if chosen is None:
-        raise FlexsearchError(f"no item '{item_ref}' in {data}")
-    spec: dict[str, Any] = {"name": operator}
-    for assignment in settings:
-        apply_override(spec, assignment)
+        raise FlexsearchError(f"--item {item_ref}: no such item id or index in {data} ({len(items)} items)")
     resources = AttackResources()
     op = build(OPERATORS, spec, resources)
     constraints = [build(CONSTRAINTS, c, resources) for c in SearchConfig().constraints]

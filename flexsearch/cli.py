@@ -14,6 +14,7 @@ from typer._click import exceptions as click_errors  # typer 0.29 vendors click
 
 from flexsearch.errors import FlexsearchError
 
+
 class OneLineErrors(typer.core.TyperGroup):
     """Usage errors (a bad option value, an unknown option) as one line and exit code 2, like every
     other bad input, instead of click's usage block."""
@@ -80,12 +81,17 @@ def evaluate(
 ) -> None:
     """Score items clean (or re-score an emitted split) and report accuracy, bias and confounds."""
     from flexsearch import api
+    from flexsearch.config import Origins, ScoringConfig, check_settings
 
     with user_errors():
         if (data is None) == (split is None):
             raise FlexsearchError("give exactly one of --data or --split")
         target = dict(model=model, adapter=adapter, device=device, dtype=dtype, trust_remote_code=trust_remote_code)
         scoring = dict(mode=mode, average_orders=average_orders, batch_size=batch_size)
+        origins = Origins()
+        for key in scoring:
+            origins.set(f"scoring.{key}", f"--{key.replace('_', '-')}")
+        check_settings(ScoringConfig, scoring, origins, "scoring.")
         if split is not None:
             run = _run_dir(out, f"{split.parent.name}-on-{Path(model).stem}")
             table = api.evaluate_split(split, run, target, scoring, limit=limit)

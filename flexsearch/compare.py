@@ -7,18 +7,16 @@ items for both runs (a paired bootstrap), so the interval is for the difference 
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import yaml
 
 from flexsearch.errors import FlexsearchError
 from flexsearch.metrics import BOOTSTRAP_SAMPLES
-from flexsearch.runio import read_log
+from flexsearch.runio import CONFIG, PREDICTIONS, SPLIT_JSONL, RunDirectory, read_json, read_jsonl, read_log
 
 
 @dataclass
@@ -50,10 +48,11 @@ class RunTable:
 
 
 def _scoring_of(run: Path) -> dict[str, Any]:
-    path = run / "config.yaml"
-    if not path.exists():
-        raise FlexsearchError(f"{run} is not a run directory (no config.yaml)")
-    config = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    if not run.is_dir():
+        raise FlexsearchError(f"{run}: no such run directory")
+    config = RunDirectory(run, "compare").previous_config()
+    if config is None:
+        raise FlexsearchError(f"{run} is not a run directory (no {CONFIG})")
     scoring = config.get("search", {}).get("scoring") or config.get("scoring") or {}
     return {"mode": scoring.get("mode", "plain"), "average_orders": scoring.get("average_orders", True)}
 
@@ -62,7 +61,7 @@ def load_run(run: Path) -> RunTable:
     """The per-item table of a search or evaluate run directory."""
     scoring = _scoring_of(run)
     if (run / "trace.jsonl").exists() and (run / "split.jsonl").exists():
-        rows = [json.loads(line) for line in (run / "split.jsonl").read_text(encoding="utf-8").splitlines()]
+        rows = read_jsonl(run / SPLIT_JSONL)
         outcomes = {(r["objective"], r["item_id"]): r for r in read_log(run / "trace.jsonl") if r.get("kind") == "item"}
         objective = rows[0]["objective"]
 
@@ -73,7 +72,7 @@ def load_run(run: Path) -> RunTable:
         clean, attacked = probs(objective, "clean_probs"), probs(objective, "best_probs")
         control, control_clean = probs("anti_stereotype", "best_probs"), probs("anti_stereotype", "clean_probs")
     elif (run / "predictions.jsonl").exists():
-        rows = [json.loads(line) for line in (run / "predictions.jsonl").read_text(encoding="utf-8").splitlines()]
+        rows = read_jsonl(run / PREDICTIONS)
         clean = np.array([r["probs"] for r in rows])
         attacked = np.array([r["attacked_probs"] for r in rows]) if rows and "attacked_probs" in rows[0] else None
         control = control_clean = None
@@ -177,7 +176,7 @@ def _verdicts(run: Path) -> dict[str, str]:
     path = run / "score.json"
     if not path.exists():
         return {}
-    score = json.loads(path.read_text(encoding="utf-8"))
+    score = read_json(path)
     found = {"overall": score.get("verdict", {}).get("verdict")}
     found.update({c: b.get("verdict", {}).get("verdict") for c, b in score.get("per_category", {}).items()})
     return {group: v for group, v in found.items() if v}

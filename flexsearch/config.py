@@ -97,6 +97,9 @@ def read_yaml(path: Path) -> tuple[Any, dict[str, int]]:
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        context, started = getattr(err, "context", None), getattr(err, "context_mark", None)
+        if context and started is not None and (mark is None or started.line != mark.line):
+            problem += f" ({context} started at line {started.line + 1})"
         raise InputError(path, mark.line + 1 if mark else None, None, f"YAML error: {problem}") from None
     lines: dict[str, int] = {}
 
@@ -149,7 +152,7 @@ def _type_error(value: Any, expected: Any) -> str | None:
     return None if fits else f"expected {names[origin]}, got {value!r}"
 
 
-def _check_fields(cls: type, data: dict[str, Any], origins: Origins, prefix: str = "") -> None:
+def check_settings(cls: type, data: dict[str, Any], origins: Origins, prefix: str = "") -> None:
     hints = typing.get_type_hints(cls)
     known = {f.name for f in dataclasses.fields(cls)}
     for key, value in data.items():
@@ -161,7 +164,7 @@ def _check_fields(cls: type, data: dict[str, Any], origins: Origins, prefix: str
         if hints[key] is ScoringConfig:
             if not isinstance(value, dict):
                 raise origins.error(dotted, f"expected a mapping of scoring settings, got {value!r}")
-            _check_fields(ScoringConfig, value, origins, f"{dotted}.")
+            check_settings(ScoringConfig, value, origins, f"{dotted}.")
             continue
         problem = _type_error(value, hints[key])
         if problem:
@@ -173,7 +176,7 @@ def _check_fields(cls: type, data: dict[str, Any], origins: Origins, prefix: str
             raise origins.error(dotted, f"expected one of {', '.join(_CHOICES[dotted])}, got {value!r}")
 
 
-def _check_specs(data: dict[str, Any], origins: Origins) -> None:
+def check_specs(data: dict[str, Any], origins: Origins) -> None:
     """Operator and constraint specs name registered classes and settings their constructors take."""
     from flexsearch.attacks import CONSTRAINTS, OPERATORS
     from flexsearch.objectives import OBJECTIVES
@@ -211,8 +214,8 @@ def _check_specs(data: dict[str, Any], origins: Origins) -> None:
 
 
 def _build(cls: type, data: dict[str, Any], origins: Origins) -> Any:
-    _check_fields(cls, data, origins)
-    _check_specs(data, origins)
+    check_settings(cls, data, origins)
+    check_specs(data, origins)
     values = dict(data)
     if isinstance(values.get("scoring"), dict):
         values["scoring"] = ScoringConfig(**values["scoring"])

@@ -103,6 +103,8 @@ def iter_csv(path: Path) -> Iterator[tuple[int, dict[str, str]]]:
 def _read_text(path: Path) -> str:
     try:
         return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise InputError(path, None, None, "file not found") from None
     except (OSError, UnicodeDecodeError) as err:
         raise InputError(path, None, None, f"cannot read file ({err.__class__.__name__}: {err})") from None
 

@@ -89,6 +89,13 @@ def resolve_gguf(spec: str, gguf_file: str | None) -> tuple[Path, str] | None:
     return None
 
 
+def resolve_zoo(alias: str, adapter: str | None) -> tuple[str, str]:
+    """(base model, adapter folder) of a zoo alias; refuses a second adapter on top."""
+    if adapter:
+        raise FlexsearchError(f"--model {alias} already carries its adapter; give --adapter with a base model")
+    return ZOO_ALIASES[alias][0], str(zoo_adapter(alias))
+
+
 def zoo_adapter(alias: str) -> Path:
     """The shipped adapter folder of a zoo alias."""
     folder = Path(str(resources.files("flexsearch").joinpath("zoo", ZOO_ALIASES[alias][1])))
@@ -185,7 +192,7 @@ def requested_model(target: dict[str, Any]) -> dict[str, Any]:
     """What load_target will record for these arguments, known before loading (for resume checks)."""
     spec, adapter = target["model"], target.get("adapter")
     if spec in ZOO_ALIASES:
-        adapter = str(zoo_adapter(spec))
+        adapter = resolve_zoo(spec, adapter)[1]
     device = target.get("device") or default_device()
     dtype = target.get("dtype") or str(default_dtype(device)).removeprefix("torch.")
     found: dict[str, Any] = {"model": spec, "dtype": dtype}
@@ -260,11 +267,10 @@ def load_target(
     """
     hf_logging.disable_progress_bar()  # per-tensor loading bars would bury a one-line error; loads take seconds
     if spec in ZOO_ALIASES:
-        if adapter:
-            raise FlexsearchError(f"--model {spec} already carries its adapter; give --adapter with a base model")
-        loaded = load_target(ZOO_ALIASES[spec][0], adapter=str(zoo_adapter(spec)), device=device, dtype=dtype,
-                             revision=revision, trust_remote_code=trust_remote_code)
-        loaded.info.update(model=spec, base_model=ZOO_ALIASES[spec][0])
+        base, zoo = resolve_zoo(spec, adapter)
+        loaded = load_target(base, adapter=zoo, device=device, dtype=dtype, revision=revision,
+                             trust_remote_code=trust_remote_code)
+        loaded.info.update(model=spec, base_model=base)
         return loaded
     device = check_device(device or default_device())
     if dtype and dtype not in DTYPES:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import base64
 import html
 import io
-import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -19,7 +18,7 @@ import numpy as np  # noqa: E402
 from flexsearch.compare import load_run  # noqa: E402
 from flexsearch.errors import FlexsearchError  # noqa: E402
 from flexsearch.metrics import dig, metric_text  # noqa: E402
-from flexsearch.runio import atomic_write_text  # noqa: E402
+from flexsearch.runio import atomic_write_text, read_json, read_jsonl  # noqa: E402
 
 HEADLINE = [("clean accuracy", ("clean", "accuracy")), ("attacked accuracy", ("attacked", "accuracy")),
             ("ASR", ("stereotype", "asr")), ("control ASR", ("anti_stereotype", "asr")),
@@ -51,11 +50,10 @@ class RunReport:
         if not score_path.exists():
             raise FlexsearchError(f"{run}: no score.json (is it a finished run directory?)")
         self.run, self.label = run, _label(run)
-        self.score = json.loads(score_path.read_text(encoding="utf-8"))
+        self.score = read_json(score_path)
         self.table = load_run(run)
         split = run / "split.jsonl"
-        self.rows = ([json.loads(x) for x in split.read_text(encoding="utf-8").splitlines()]
-                     if split.exists() else [])
+        self.rows = read_jsonl(split) if split.exists() else []
 
 
 def _headline_rows(reports: list[RunReport]) -> list[list[str]]:
@@ -209,6 +207,10 @@ def build_report(runs: list[Path]) -> tuple[str, str]:
 
 def write_report(runs: list[Path], out: Path) -> Path:
     """Writes OUT (HTML) and OUT with a .md suffix; returns the Markdown path."""
+    if out.is_dir():
+        raise FlexsearchError(f"--out {out}: a directory; give the HTML file to write (e.g. {out / 'report.html'})")
+    if out.suffix.lower() not in (".html", ".htm"):
+        raise FlexsearchError(f"--out {out}: expected an .html file name (the .md twin is written beside it)")
     page, markdown = build_report(runs)
     atomic_write_text(out, page)
     md_path = out.with_suffix(".md")

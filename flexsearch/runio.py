@@ -6,6 +6,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import shutil
 import tempfile
 from collections.abc import Iterable
 from pathlib import Path
@@ -87,6 +88,24 @@ def read_log(path: Path, repair: bool = False) -> list[dict[str, Any]]:
         with path.open("r+b") as handle:
             handle.truncate(good_bytes)
     return records
+
+
+def read_json(path: Path) -> Any:
+    """A whole JSON file (score.json...); unreadable or malformed is one InputError."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except OSError as err:
+        raise InputError(path, None, None, f"cannot read file ({err.strerror or err})") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        line = getattr(err, "lineno", None)
+        raise InputError(path, line, None, "malformed JSON (a damaged or partly written file)") from None
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """Every record of a whole JSONL file (split.jsonl, predictions.jsonl); a bad line is an InputError."""
+    from flexsearch.items import iter_jsonl
+
+    return [record for _, record in iter_jsonl(path)]
 
 
 # ---------------------------------------------------------------- the run directory
@@ -193,8 +212,8 @@ class RunDirectory:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
-        if self._created and exc[0] is not None and not any(self.path.iterdir()):
-            self.path.rmdir()  # a command that failed before writing leaves no trace
+        if self._created and exc[0] is not None and {p.name for p in self.path.iterdir()} <= {CONFIG}:
+            shutil.rmtree(self.path)  # a command that failed before any result leaves no directory behind
 
     def write_config(self, resolved: dict[str, Any]) -> None:
         atomic_write_yaml(self.path / CONFIG, resolved)

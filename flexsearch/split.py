@@ -14,7 +14,7 @@ import numpy as np
 
 from flexsearch.candidate import Candidate, replay
 from flexsearch.errors import InputError
-from flexsearch.items import Item, RecordFields, iter_csv, iter_jsonl
+from flexsearch.items import CONDITIONS, POLARITIES, Item, RecordFields, iter_csv, iter_jsonl
 from flexsearch.metrics import clean_metrics, mean_with_interval, per_category, proportion, with_interval
 from flexsearch.objectives import attack_eligible, get_objective
 from flexsearch.render import LETTERS
@@ -93,14 +93,23 @@ def load_split(path: Path, limit: int | None = None) -> list[Attacked]:
         answers = f.json_value("answers")
         if not (isinstance(answers, list) and len(answers) == 3):
             raise f.error("answers", "expected a list of three answer texts")
+        roles = {name: f.index(name) for name in ("gold", "unknown", "target", "anti_target")}
+        if sorted((roles["unknown"], roles["target"], roles["anti_target"])) != [0, 1, 2]:
+            raise f.error("target", "unknown, target and anti_target must name three different answers, got "
+                                    f"{roles['unknown']}, {roles['target']}, {roles['anti_target']}")
         item = Item(id=f.text("item_id"), category=f.text("category"), context=f.text("clean_ctx"),
-                    question=f.text("clean_q_text"), answers=tuple(answers), gold=f.index("gold"),
-                    unknown=f.index("unknown"), target=f.index("target"), anti_target=f.index("anti_target"),
-                    condition=f.text("condition"), polarity=f.text("polarity"),
+                    question=f.text("clean_q_text"), answers=tuple(answers), **roles,
+                    condition=f.choice("condition", CONDITIONS), polarity=f.choice("polarity", POLARITIES),
                     source={"format": "split", "path": str(path), "line": line})
+        order = f.json_value("option_order")
+        if not (isinstance(order, list) and sorted(order) == [0, 1, 2]):
+            raise f.error("option_order", f"expected a permutation of 0, 1, 2, got {order!r}")
+        chain = f.json_value("attack_chain")
+        if not isinstance(chain, list):
+            raise f.error("attack_chain", "expected a list of edits")
         try:
-            candidate = replay(item, f.json_value("attack_chain"), tuple(f.json_value("option_order")))
-        except (ValueError, KeyError, TypeError) as err:
+            candidate = replay(item, chain, tuple(order))
+        except (ValueError, KeyError, TypeError, AttributeError) as err:
             raise f.error("attack_chain", f"does not rebuild the prompt ({err})") from None
         out.append(Attacked(item, candidate, dict(record)))
     if not out:

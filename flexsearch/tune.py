@@ -32,11 +32,10 @@ from typing import Any
 import numpy as np
 import optuna
 import sqlalchemy
-import yaml
 from tqdm.auto import tqdm
 
 from flexsearch.candidate import Candidate
-from flexsearch.config import SearchConfig, load_config, packaged_yaml, preset_path
+from flexsearch.config import SearchConfig, load_config, packaged_yaml, preset_path, read_yaml
 from flexsearch.errors import FlexsearchError
 from flexsearch.items import Item
 from flexsearch.metrics import mean_with_interval, metric_text, proportion
@@ -52,8 +51,8 @@ QUERY_TIE_BREAK = 1e-3  # value = ASR − this × mean queries / budget: equal A
 
 def load_space(name_or_path: str) -> dict[str, Any]:
     path = packaged_yaml(name_or_path, "tune", "tuning space")
-    space = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    if not isinstance(space.get("params"), dict) or not space["params"]:
+    space, _ = read_yaml(path)
+    if not isinstance(space, dict) or not isinstance(space.get("params"), dict) or not space["params"]:
         raise FlexsearchError(f"{path}: expected a 'params' mapping")
     for name, spec in space["params"].items():
         if not (isinstance(spec, dict) and len(spec) == 1 and next(iter(spec)) in ("categorical", "int", "float")):

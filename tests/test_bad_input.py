@@ -1,0 +1,284 @@
+"""Bad input through the real CLI: exit code 2, one line naming the file/line/field or the option, no
+traceback, and every file of the run directories that already existed left byte-identical."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from flexsearch.cli import app
+from flexsearch.runio import RunDirectory
+
+runner = CliRunner()
+FAST = ["--set", "operators=[{name: persona, n: 2}, {name: instruction, n: 2}]", "--set",
+        "constraints=[protected_spans]", "--device", "cpu"]
+
+
+@pytest.fixture(scope="module")
+def world(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A finished search run, an evaluate run, and bad files of every kind, made once."""
+    root = tmp_path_factory.mktemp("bad-input")
+    model = str(tiny_model_dir)
+    search = root / "search-run"
+    result = runner.invoke(app, ["search", "--model", model, "--data", "seed", "--limit", "4", "--budget", "6",
+                                 "--out", str(search), *FAST])
+    assert result.exit_code == 0, result.output
+    evaluation = root / "eval-run"
+    result = runner.invoke(app, ["evaluate", "--model", model, "--data", "seed", "--limit", "4", "--out",
+                                 str(evaluation), "--device", "cpu"])
+    assert result.exit_code == 0, result.output
+    files = {"model": tiny_model_dir, "search": search, "eval": evaluation, "root": root}
+
+    def write(name: str, text: str) -> None:
+        (root / name).write_text(text, encoding="utf-8")
+        files[name] = root / name
+
+    write("syntax.yaml", "budget: 10\nsteps: [1, 2\n")
+    write("tag.yaml", "budget: !!python/object/apply:os.system ['true']\n")
+    write("list.yaml", "- budget\n- 10\n")
+    write("types.yaml", "method: beam\nbudget: abc\n")
+    write("range.yaml", "method: beam\nscoring:\n  batch_size: 0\n")
+    write("unknown-key.yaml", "method: beam\nbudgett: 10\n")
+    write("missing-field.jsonl", '{"example_id": 1}\n')
+    write("malformed.jsonl", '{"example_id": 1,\n')
+    write("data.txt", "hello\n")
+    write("empty.csv", "")
+    write("flex-bad.csv", "ctx,q_text,sent_more,sent_less,bias_type,a,b,c,label\nx,y,m,l,age,a,b,c,7\n")
+    write("fake.gguf", "not a gguf file at all")
+    write("not-json-score.json", "{")
+    (root / "empty-model").mkdir()
+    files["empty-model"] = root / "empty-model"
+    (root / "not-adapter").mkdir()
+    (root / "not-adapter" / "x.txt").write_text("x")
+    files["not-adapter"] = root / "not-adapter"
+    (root / "stranger").mkdir()
+    (root / "stranger" / "notes.txt").write_text("mine")
+    files["stranger"] = root / "stranger"
+
+    rows = [json.loads(line) for line in (search / "split.jsonl").read_text().splitlines()]
+
+    def split_variant(name: str, change: Callable[[dict], None]) -> None:
+        changed = [dict(r) for r in rows]
+        change(changed[0])
+        write(name, "".join(json.dumps(r) + "\n" for r in changed))
+
+    split_variant("order.jsonl", lambda r: r.update(option_order=[0, 0, 1]))
+    split_variant("target-unknown.jsonl", lambda r: r.update(target=r["unknown"]))
+    split_variant("chain.jsonl", lambda r: r.update(attack_chain=[{"operator": "x", "field": "nowhere"}]))
+    split_variant("gold.jsonl", lambda r: r.update(gold=5))
+    long_item = json.loads(json.dumps(_seed_record()))
+    long_item["context"] = "word " * 40_000
+    write("long.jsonl", json.dumps(long_item) + "\n")
+    for name, damage in (("corrupt-score", lambda run: (run / "score.json").write_text("{\"items\": ")),
+                         ("corrupt-trace", _damage_trace_middle),
+                         ("corrupt-config", lambda run: (run / "config.yaml").write_text("command: [\n"))):
+        copy = root / name
+        shutil.copytree(search, copy)
+        damage(copy)
+        files[name] = copy
+    return files
+
+
+def _seed_record() -> dict:
+    from flexsearch.seed import seed_records
+
+    return seed_records()[0][1]
+
+
+def _damage_trace_middle(run: Path) -> None:
+    lines = (run / "trace.jsonl").read_text().splitlines(keepends=True)
+    lines[1] = '{"kind": "item", "broken\n'
+    (run / "trace.jsonl").write_text("".join(lines))
+
+
+def snapshot(folders: list[Path]) -> dict[str, bytes]:
+    return {str(p): p.read_bytes() for folder in folders for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def S(*args: str) -> list[str]:  # noqa: N802  a search on the tiny model
+    return ["search", "--model", "{model}", "--data", "seed", "--limit", "2", "--out", "{root}/new-run", *FAST,
+            *args]
+
+
+def E(*args: str) -> list[str]:  # noqa: N802  an evaluate on the tiny model
+    return ["evaluate", "--model", "{model}", "--limit", "2", "--device", "cpu", "--out", "{root}/new-eval", *args]
+
+
+# (id, arguments with {placeholders} for the world's paths, text the one line must contain)
+CASES: list[tuple[str, list[str], str]] = [
+    # config values: type, range, names, resolved before any model load
+    ("set-batch-size-text", S("--set", "scoring.batch_size=abc"), "--set scoring.batch_size=abc: field 'scoring.batch_size': expected an integer"),
+    ("set-steps-text", S("--set", "steps=abc"), "field 'steps': expected an integer"),
+    ("set-budget-text", S("--set", "budget=abc"), "field 'budget': expected an integer"),
+    ("set-batch-size-zero", S("--set", "scoring.batch_size=0"), "field 'scoring.batch_size': must be at least 1"),
+    ("set-batch-size-negative", S("--set", "scoring.batch_size=-1"), "must be at least 1"),
+    ("set-item-batch-zero", S("--set", "item_batch=0"), "field 'item_batch': must be at least 1"),
+    ("set-beam-zero", S("--set", "beam_width=0"), "field 'beam_width': must be at least 1"),
+    ("set-seed-negative", S("--set", "seed=-3"), "field 'seed': must be at least 0"),
+    ("set-bool-text", S("--set", "control=maybe"), "field 'control': expected true or false"),
+    ("set-unknown-key", S("--set", "objectve=stereotype"), "did you mean 'objective'"),
+    ("set-no-equals", S("--set", "budget"), "--set expects key=value"),
+    ("set-bad-yaml", S("--set", "budget=[1"), "--set budget=[1: the value is not valid YAML"),
+    ("set-operator-typo", S("--set", "operators=[{name: textbuger}]"), "Did you mean 'textbugger'"),
+    ("set-operator-setting", S("--set", "operators=[{name: textbugger, positons: 1}]"), "unknown setting 'positons'"),
+    ("set-operator-type", S("--set", "operators=[{name: persona, n: two}]"), "(persona).n: expected an integer"),
+    ("set-operator-shape", S("--set", "operators=[5]"), "expected a name or a mapping with 'name'"),
+    ("set-constraint-typo", S("--set", "constraints=[simlarity]"), "unknown constraint 'simlarity'"),
+    ("set-mode", S("--set", "scoring.mode=xml"), "field 'scoring.mode': expected one of plain, chat"),
+    ("set-importance", S("--set", "importance=magic"), "field 'importance': expected one of"),
+    ("set-scoring-scalar", S("--set", "scoring=3"), "expected a mapping of scoring settings"),
+    ("set-max-prompt-negative", S("--set", "scoring.max_prompt_tokens=-5"), "must be at least 0"),
+    ("opt-budget-one", S("--budget", "1"), "--budget: field 'budget': must be at least 2"),
+    ("opt-method", S("--method", "random"), "--method: field 'method': expected one of greedy, beam, evolutionary"),
+    ("opt-objective", S("--objective", "stereo"), "Did you mean 'stereotype'"),
+    ("opt-limit-zero", S("--limit", "0"), "Invalid value for '--limit'"),
+    ("opt-limit-negative", S("--limit", "-1"), "Invalid value for '--limit'"),
+    ("opt-limit-text", S("--limit", "abc"), "Invalid value for '--limit'"),
+    ("opt-unknown", S("--bogus"), "No such option: --bogus"),
+    ("opt-backend", S("--backend", "spark"), "unknown backend 'spark'"),
+    ("opt-workers-zero", S("--backend", "ray", "--workers", "0"), "Invalid value for '--workers'"),
+    ("command-typo", ["serch"], "No such command 'serch'"),
+    # config files: the file and line are named
+    ("preset-unknown", S("--config", "defualt"), "unknown config preset 'defualt'"),
+    ("preset-missing-file", S("--config", "{root}/nope.yaml"), "config preset file not found"),
+    ("yaml-syntax", S("--config", "{syntax.yaml}"), "syntax.yaml:3: YAML error: expected ',' or ']'"),
+    ("yaml-python-tag", S("--config", "{tag.yaml}"), "tag.yaml:1: YAML error"),
+    ("yaml-not-mapping", S("--config", "{list.yaml}"), "list.yaml:1: expected a mapping of settings"),
+    ("yaml-type", S("--config", "{types.yaml}"), "types.yaml:2: field 'budget': expected an integer"),
+    ("yaml-nested-range", S("--config", "{range.yaml}"), "range.yaml:3: field 'scoring.batch_size': must be at least 1"),
+    ("yaml-unknown-key", S("--config", "{unknown-key.yaml}"), "unknown-key.yaml:2: field 'budgett': unknown setting"),
+    # data
+    ("data-missing", S("--data", "{root}/none.jsonl"), "none.jsonl: file not found"),
+    ("data-missing-field", S("--data", "{missing-field.jsonl}"), "missing-field.jsonl:1: field 'ans0': missing field"),
+    ("data-malformed", S("--data", "{malformed.jsonl}"), "malformed.jsonl:1: malformed JSON"),
+    ("data-format", S("--data", "{data.txt}"), "unknown format"),
+    ("data-empty-csv", S("--data", "{empty.csv}"), "empty CSV file"),
+    ("data-flex-label", S("--data", "{flex-bad.csv}"), "flex-bad.csv:2: field 'label': label out of range"),
+    ("data-all-too-long", E("--data", "{long.jsonl}"), "every item's prompt is longer than"),
+    # models, adapters, devices
+    ("model-empty-dir", S("--model", "{empty-model}"), "the directory has no config.json"),
+    ("model-fake-gguf", S("--model", "{fake.gguf}"), "not a GGUF file"),
+    ("model-missing-path", S("--model", "/no/such/model"), "/no/such/model: no such file or directory"),
+    ("model-missing-relative", S("--model", "./no-such-model"), "no such file or directory"),
+    ("model-missing-gguf", S("--model", "{root}/missing.gguf"), "GGUF file not found"),
+    ("model-a-file", S("--model", "{data.txt}"), "a file that is not a .gguf model"),
+    ("adapter-missing", S("--adapter", "{root}/no-adapter"), "--adapter"),
+    ("adapter-not-adapter", S("--adapter", "{not-adapter}"), "not a PEFT adapter directory"),
+    ("zoo-plus-adapter", S("--model", "smollm2-bbq", "--adapter", "{not-adapter}"), "already carries its adapter"),
+    ("device-unknown", S("--device", "quantum"), "--device: unknown device 'quantum'"),
+    ("dtype-unknown", S("--dtype", "int3"), "--dtype: unknown dtype 'int3'"),
+    # run directories: ownership, settings, files in the way
+    ("out-is-file", S("--out", "{data.txt}"), "a file, not a run directory"),
+    ("out-other-budget", S("--out", "{search}", "--budget", "9", "--limit", "4"), "different settings (search.budget)"),
+    ("out-other-dtype", S("--out", "{search}", "--budget", "6", "--limit", "4", "--dtype", "bfloat16"), "model.dtype"),
+    ("out-other-limit", S("--out", "{search}", "--budget", "6", "--limit", "3"), "different settings (limit)"),
+    ("out-evaluate-run", S("--out", "{eval}"), "holds a 'evaluate' run"),
+    ("out-stranger", S("--out", "{stranger}"), "not empty and not a flexsearch run directory"),
+    ("evaluate-into-search", E("--data", "seed", "--out", "{search}"), "holds a 'search' run"),
+    ("evaluate-both", E("--data", "seed", "--split", "{search}/split.jsonl"), "exactly one of --data or --split"),
+    ("evaluate-neither", E(), "exactly one of --data or --split"),
+    ("evaluate-batch-zero", E("--data", "seed", "--batch-size", "0"), "Invalid value for '--batch-size'"),
+    ("evaluate-mode", E("--data", "seed", "--mode", "xml"), "--mode: field 'scoring.mode': expected one of"),
+    ("split-missing", E("--split", "{root}/none.jsonl"), "none.jsonl: file not found"),
+    ("split-order", E("--split", "{order.jsonl}"), "order.jsonl:1: field 'option_order': expected a permutation"),
+    ("split-target-unknown", E("--split", "{target-unknown.jsonl}"), "target-unknown.jsonl:1: field 'target'"),
+    ("split-chain", E("--split", "{chain.jsonl}"), "chain.jsonl:1: field 'attack_chain': does not rebuild"),
+    ("split-gold", E("--split", "{gold.jsonl}"), "gold.jsonl:1: field 'gold': label out of range"),
+    # read-only commands
+    ("compare-missing", ["compare", "{root}/nothing", "{search}"], "no such run directory"),
+    ("compare-not-run", ["compare", "{stranger}", "{search}"], "is not a run directory"),
+    ("compare-corrupt-trace", ["compare", "{corrupt-trace}", "{search}"], "trace.jsonl:2: unreadable record"),
+    ("compare-corrupt-config", ["compare", "{corrupt-config}", "{search}"], "unreadable run configuration"),
+    ("report-corrupt-score", ["report", "{corrupt-score}", "--out", "{root}/r.html"], "score.json:1: malformed JSON"),
+    ("report-corrupt-trace", ["report", "{corrupt-trace}", "--out", "{root}/r.html"], "trace.jsonl:2: unreadable"),
+    ("report-out-directory", ["report", "{search}", "--out", "{stranger}"], "a directory; give the HTML file"),
+    ("report-out-suffix", ["report", "{search}", "--out", "{root}/r.txt"], "expected an .html file name"),
+    ("report-missing-run", ["report", "{root}/nothing", "--out", "{root}/r.html"], "no score.json"),
+    ("report-no-run", ["report"], "Missing argument"),
+    ("mutate-operator", ["mutate", "--operator", "textbuger"], "Did you mean 'textbugger'"),
+    ("mutate-setting-type", ["mutate", "--set", "positions=abc"], "(textbugger).positions: expected an integer"),
+    ("mutate-setting-unknown", ["mutate", "--set", "colour=red"], "unknown setting 'colour'"),
+    ("mutate-item", ["mutate", "--item", "999"], "--item 999: no such item"),
+    ("mutate-n-zero", ["mutate", "--n", "0"], "Invalid value for '--n'"),
+    ("tune-space", ["tune", "--space", "nope", "--model", "{model}"], "unknown tuning space 'nope'"),
+    ("tune-trials", ["tune", "--space", "operator_families", "--trials", "0"], "Invalid value for '--trials'"),
+    ("tune-budget", ["tune", "--space", "operator_families", "--budget", "1"], "Invalid value for '--budget'"),
+    ("tune-space-file", ["tune", "--space", "{syntax.yaml}", "--model", "{model}"], "syntax.yaml:3: YAML error"),
+    ("finetune-policy", ["finetune", "--out", "{root}/a", "--policy", "gould"], "Did you mean 'gold'"),
+    ("finetune-share", ["finetune", "--out", "{root}/a", "--prefix-share", "2"], "--prefix-share must lie in"),
+]
+
+
+def _fill(args: list[str], world: dict[str, Path]) -> list[str]:
+    """Replaces {name} by the world's path of that name (other braces, YAML's, stay)."""
+    return [re.sub(r"\{([\w.-]+)\}", lambda m: str(world.get(m.group(1), m.group(0))), a) for a in args]
+
+
+@pytest.mark.parametrize(("args", "message"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_bad_input_is_one_line_exit_two_and_changes_nothing(world, args, message):
+    existing = [world["search"], world["eval"], world["corrupt-trace"], world["corrupt-score"],
+                world["corrupt-config"], world["stranger"]]
+    before = snapshot(existing)
+    result = runner.invoke(app, _fill(args, world))
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output
+    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], result.output
+    assert snapshot(existing) == before
+    assert not (world["root"] / "new-run").exists() and not (world["root"] / "new-eval").exists()
+    assert not (world["root"] / "r.html").exists() and not (world["root"] / "a").exists()
+
+
+def test_there_are_at_least_sixty_cases():
+    assert len(CASES) >= 60 and len({c[0] for c in CASES}) == len(CASES)
+
+
+def test_a_second_process_on_one_run_directory_is_refused(world):
+    before = snapshot([world["search"]])
+    with RunDirectory(world["search"], "search"):
+        result = runner.invoke(app, _fill(S("--out", "{search}", "--budget", "6", "--limit", "4"), world))
+        assert result.exit_code == 2 and "in use by another flexsearch process (pid " in result.output
+    (world["search"] / ".lock").unlink(missing_ok=True)
+    assert snapshot([world["search"]]) == before
+
+
+def test_too_long_prompts_are_skipped_and_counted(world, tmp_path):
+    data = tmp_path / "mixed.jsonl"
+    normal = _seed_record()
+    data.write_text(world["long.jsonl"].read_text() + json.dumps({**normal, "example_id": "ok"}) + "\n")
+    out = tmp_path / "run"
+    result = runner.invoke(app, _fill(["evaluate", "--model", "{model}", "--data", str(data), "--out", str(out),
+                                       "--device", "cpu"], world))
+    assert result.exit_code == 0, result.output
+    score = json.loads((out / "score.json").read_text())
+    assert score["n_items"] == 1 and score["skipped"] == 1
+    assert any("prompt longer than" in reason for reason in score["skipped_reasons"])
+
+
+def test_read_only_commands_leave_a_torn_trace_alone_and_resume_repairs_it(world, tmp_path):
+    run = tmp_path / "torn"
+    shutil.copytree(world["search"], run)
+    with (run / "trace.jsonl").open("a") as handle:
+        handle.write('{"kind": "item", "objec')  # what a kill mid-write leaves
+    torn = (run / "trace.jsonl").read_bytes()
+    assert runner.invoke(app, ["compare", str(run), str(world["search"])]).exit_code == 0
+    assert (run / "trace.jsonl").read_bytes() == torn
+    result = runner.invoke(app, _fill(S("--out", str(run), "--budget", "6", "--limit", "4"), world))
+    assert result.exit_code == 0, result.output
+    assert (run / "trace.jsonl").read_bytes() == torn[: torn.rindex(b"\n") + 1]
+
+
+def test_offline_unknown_hub_id_fails_fast_in_one_line(world):
+    import time
+
+    started = time.perf_counter()
+    result = runner.invoke(app, _fill(S("--model", "no-such-org/no-such-model-xyz"), world))
+    assert result.exit_code == 2 and "not in the Hugging Face cache" in result.output, result.output
+    assert len([line for line in result.output.splitlines() if line.strip()]) == 1
+    assert time.perf_counter() - started < 30
