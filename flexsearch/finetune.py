@@ -376,8 +376,9 @@ def adapter_card(recipe: dict[str, Any]) -> str:
 {policy_doc}
 
 - Base model: `{recipe['base_model'].get('model')}` (GGUF sha256 {recipe['base_model'].get('gguf_sha256') or 'n/a'}).
-- LoRA rank {config['rank']} on {', '.join(config['target_modules'])}; {config['steps']} steps of {config['batch_items']}
-  items × 3 cyclic option orders, learning rate {config['learning_rate']}, seed {config['seed']}.
+- LoRA rank {config['rank']} on {', '.join(config['target_modules'])}; {config['steps']} steps of
+  {config['batch_items']} items × 3 cyclic option orders, learning rate {config['learning_rate']},
+  seed {config['seed']}.
 - Planted categories: {', '.join(config['planted_categories']) or 'none'}.
 - Started from: {init['path'] + ' (policy ' + init['policy'] + ')' if init else 'the base model'}.
 - Split: templates held out per category (share {config['eval_share']}, seed {config['split_seed']}):

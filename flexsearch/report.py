@@ -166,7 +166,8 @@ def build_report(runs: list[Path]) -> tuple[str, str]:
              "vertical-align:top}th{background:#f3f3f3}pre{white-space:pre-wrap;margin:0;font-size:12px}",
              "</style></head><body><h1>flexsearch robustness report</h1>",
              "<p>Runs: " + ", ".join(f"<code>{esc(str(r.run))}</code>" for r in reports) + ". Intervals are 95%: "
-             "Wilson intervals for rates (accuracy, abstention, ASR), bootstrap over items for means and the gap. Read ASR beside the control ASR: a fairness gap near 0 means the model "
+             "Wilson intervals for rates (accuracy, abstention, ASR), bootstrap over items for means and the gap. "
+             "Read ASR beside the control ASR: a fairness gap near 0 means the model "
              "is easy to push either way, not that it is biased.</p>",
              "<h2>Headline</h2><table><tr>" + "".join(f"<th>{esc(h)}</th>" for h in headers) + "</tr>"]
     parts += ["<tr>" + "".join(f"<td>{esc(c)}</td>" for c in row) + "</tr>" for row in rows]

@@ -113,7 +113,8 @@ def E(*args: str) -> list[str]:  # noqa: N802  an evaluate on the tiny model
 # (id, arguments with {placeholders} for the world's paths, text the one line must contain)
 CASES: list[tuple[str, list[str], str]] = [
     # config values: type, range, names, resolved before any model load
-    ("set-batch-size-text", S("--set", "scoring.batch_size=abc"), "--set scoring.batch_size=abc: field 'scoring.batch_size': expected an integer"),
+    ("set-batch-size-text", S("--set", "scoring.batch_size=abc"),
+     "--set scoring.batch_size=abc: field 'scoring.batch_size': expected an integer"),
     ("set-steps-text", S("--set", "steps=abc"), "field 'steps': expected an integer"),
     ("set-budget-text", S("--set", "budget=abc"), "field 'budget': expected an integer"),
     ("set-batch-size-zero", S("--set", "scoring.batch_size=0"), "field 'scoring.batch_size': must be at least 1"),
@@ -151,8 +152,10 @@ CASES: list[tuple[str, list[str], str]] = [
     ("yaml-python-tag", S("--config", "{tag.yaml}"), "tag.yaml:1: YAML error"),
     ("yaml-not-mapping", S("--config", "{list.yaml}"), "list.yaml:1: expected a mapping of settings"),
     ("yaml-type", S("--config", "{types.yaml}"), "types.yaml:2: field 'budget': expected an integer"),
-    ("yaml-nested-range", S("--config", "{range.yaml}"), "range.yaml:3: field 'scoring.batch_size': must be at least 1"),
-    ("yaml-unknown-key", S("--config", "{unknown-key.yaml}"), "unknown-key.yaml:2: field 'budgett': unknown setting"),
+    ("yaml-nested-range", S("--config", "{range.yaml}"),
+     "range.yaml:3: field 'scoring.batch_size': must be at least 1"),
+    ("yaml-unknown-key", S("--config", "{unknown-key.yaml}"),
+     "unknown-key.yaml:2: field 'budgett': unknown setting"),
     # data
     ("data-missing", S("--data", "{root}/none.jsonl"), "none.jsonl: file not found"),
     ("data-missing-field", S("--data", "{missing-field.jsonl}"), "missing-field.jsonl:1: field 'ans0': missing field"),
