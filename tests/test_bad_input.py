@@ -173,7 +173,7 @@ CASES: list[tuple[str, list[str], str]] = [
     ("model-a-file", S("--model", "{data.txt}"), "a file that is not a .gguf model"),
     ("adapter-missing", S("--adapter", "{root}/no-adapter"), "--adapter"),
     ("adapter-not-adapter", S("--adapter", "{not-adapter}"), "not a PEFT adapter directory"),
-    ("zoo-plus-adapter", S("--model", "smollm2-bbq", "--adapter", "{not-adapter}"), "already carries its adapter"),
+    ("zoo-plus-adapter", S("--model", "gemma3-bbq", "--adapter", "{not-adapter}"), "already carries its adapter"),
     ("device-unknown", S("--device", "quantum"), "--device: unknown device 'quantum'"),
     ("dtype-unknown", S("--dtype", "int3"), "--dtype: unknown dtype 'int3'"),
     # run directories: ownership, settings, files in the way

@@ -32,3 +32,22 @@ def test_bad_input_is_one_line_without_traceback(tiny_model_dir, tmp_path):
     assert result.exit_code == 2
     assert f"error: {bad}:1: field 'ans0': missing field" in result.output
     assert "Traceback" not in result.output and not (tmp_path / "r").exists()
+
+
+def test_version_and_module_entry_point():
+    import subprocess
+    import sys
+
+    from flexsearch import __version__
+
+    result = runner.invoke(app, ["--version"])
+    assert result.exit_code == 0 and result.output.strip() == f"flexsearch {__version__}"
+    module = subprocess.run([sys.executable, "-m", "flexsearch", "--version"], capture_output=True, text=True)
+    assert module.returncode == 0 and module.stdout.strip() == f"flexsearch {__version__}"
+
+
+def test_list_shows_model_aliases_and_policies():
+    result = runner.invoke(app, ["list"])
+    assert result.exit_code == 0
+    for name in ("gemma3-bbq", "gemma3-bbq-planted", "smollm2", "label policies", "manipulable"):
+        assert name in result.output

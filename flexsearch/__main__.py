@@ -1,0 +1,5 @@
+"""`python -m flexsearch`: the same command line as `flexsearch`."""
+
+from flexsearch.cli import app
+
+app()
