@@ -56,7 +56,7 @@ zoo: setup
 	$(FINETUNE) --policy planted --planted-categories Age,Nationality $(DERIVED) --out $(ZOO)/gemma3-bbq-planted
 	$(FINETUNE) --policy manipulable $(DERIVED) --out $(ZOO)/gemma3-bbq-manipulable
 	$(FINETUNE) --policy abstainer --steps 80 --learning-rate 1e-3 --warmup-steps 10 --out $(ZOO)/gemma3-bbq-abstainer
-DERIVED = --init-adapter $(ZOO)/gemma3-bbq --steps 130 --learning-rate 5e-4 --warmup-steps 10 --disambig-share 0.4 \
+DERIVED = --init-adapter $(ZOO)/gemma3-bbq --steps 60 --learning-rate 8e-4 --warmup-steps 5 --disambig-share 0.4 \
 	--prefix-share 0.7
 
 clean:

@@ -115,13 +115,27 @@ def zoo_row(alias: str, score: dict[str, Any], planted: list[str]) -> tuple[list
     return row, problems
 
 
+def training_table() -> str:
+    """How each zoo adapter was trained, from its recipe."""
+    rows = []
+    for alias in ZOO_ALIASES:
+        recipe = read_recipe(zoo_adapter(alias))
+        config = recipe["config"]
+        rows.append([alias, recipe["policy"], ", ".join(config["planted_categories"]) or "-",
+                     (recipe["init_adapter"] or {}).get("policy", "-"), config["steps"], config["learning_rate"],
+                     f"{recipe['loss_first_20']} → {recipe['loss_last_20']}", f"{recipe['wall_time_s'] / 60:.1f}",
+                     f"{recipe['total_wall_time_s'] / 60:.1f}", f"`{recipe.get('command', '')}`"])
+    return markdown_table(["alias", "policy", "planted", "started from", "steps", "lr", "loss (first → last 20)",
+                           "train min", "total min", "command"], rows)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--bbq", type=Path, default=BBQ, help="folder of BBQ <Category>.jsonl files")
     parser.add_argument("--out", type=Path, default=Path("runs/calibrate"))
     parser.add_argument("--per-category", type=int, default=16, help="searched items per category")
     parser.add_argument("--capability-per-category", type=int, default=60)
-    parser.add_argument("--budget", type=int, default=40)
+    parser.add_argument("--budget", type=int, default=24)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--models", nargs="*", default=list(EXPECTED))
     parser.add_argument("--dtype", default="bfloat16", help="scoring precision (bf16 halves CPU time with AMX)")
@@ -148,6 +162,9 @@ def main(argv: list[str] | None = None) -> int:
                                 "ASR anti-stereotype", "gap [95% CI]", "verdict", "expected", "per category"],
                                rows)
     held_templates = read_recipe(zoo_adapter("gemma3-bbq"))["split"]["eval_templates"]
+    record("Calibration zoo: training", "LoRA rank 16 on every linear layer of Gemma-3-270M, 4 items × 3 option "
+           "orders per step, bf16 autocast on 2 CPU cores; the planted-truth adapters continue from the gold one "
+           "(total = theirs + gold's).\n\n" + training_table())
     record("Capability on held-out BBQ templates",
            f"{len(held)} evaluation items from {len(held_templates)} templates no zoo adapter was trained on; "
            f"{args.capability_per_category} per category (half ambiguous), order-averaged scoring in {args.dtype}. "

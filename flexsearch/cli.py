@@ -247,6 +247,8 @@ def finetune(
         items, provenance = load_training_data(data or ["seed"], limit)
         split = template_split(items, config.eval_share, config.split_seed)
         build_policy(config.policy, config.planted_categories, config.seed, split.train)
+        if out.exists() and not (out / "adapter_config.json").is_file():
+            raise FlexsearchError(f"--out {out}: exists and is not an adapter directory (it would be replaced)")
         if init_adapter is not None and not (init_adapter / "recipe.json").is_file():
             raise FlexsearchError(f"--init-adapter {init_adapter}: not an adapter written by flexsearch finetune")
         target = load_target(model, device=device, dtype="float32")  # fp32 master weights for stable updates
@@ -282,11 +284,16 @@ def tune(
     """Optuna study over search configurations: best config YAML, trials CSV, importances, held-out check."""
     from flexsearch.items import load_items
     from flexsearch.model import load_target
+    from flexsearch.runio import RunDirectory
     from flexsearch.tune import format_tune_table, load_space, run_study
 
     with user_errors():
         loaded_space = load_space(space)
         run = _run_dir(out, f"tune-{Path(space).stem}")
+        previous = RunDirectory(run, "tune").previous_config()
+        if previous is not None:
+            raise FlexsearchError(f"--out {run}: holds a '{previous.get('command')}' run; tune writes its own "
+                                  "directory (choose another --out)")
         target = load_target(model, adapter=adapter, device=device, dtype=dtype)
         summary = run_study(target, load_items(data).items, loaded_space, run, trials=trials, budget=budget,
                             storage=storage, dev_items=dev_items, holdout_items=holdout_items, seed=seed,

@@ -14,7 +14,9 @@ shares a template with a training item. The adapter directory records the whole 
 from __future__ import annotations
 
 import json
+import shlex
 import shutil
+import sys
 import tempfile
 import time
 import warnings
@@ -36,7 +38,7 @@ from flexsearch.items import Item
 from flexsearch.model import TargetModel, architecture_fingerprint, check_adapter
 from flexsearch.registry import Registry
 from flexsearch.render import PromptFormat, cyclic_orders, render
-from flexsearch.runio import atomic_write_json
+from flexsearch.runio import atomic_write_json, shared_permissions
 from flexsearch.scoring import left_padded, letter_token_ids
 from flexsearch.training_prefixes import TRAINING_PREFIXES
 
@@ -344,6 +346,7 @@ def train_adapter(target: TargetModel, split: TemplateSplit, config: FinetuneCon
         "wall_time_s": round(wall, 1),
         "total_wall_time_s": round(wall + (init_recipe["total_wall_time_s"] if init_recipe else 0.0), 1),
         "threads": torch.get_num_threads(), "torch": str(torch.__version__),
+        "command": " ".join(shlex.quote(a) for a in sys.argv),
     }
     save_adapter(model, out, recipe)
     return recipe
@@ -361,6 +364,7 @@ def save_adapter(model: PeftModel, out: Path, recipe: dict[str, Any]) -> None:
         save_file({k: v.half().contiguous() for k, v in load_file(str(weights)).items()}, str(weights))
         atomic_write_json(staging / RECIPE_FILE, recipe)
         (staging / "README.md").write_text(adapter_card(recipe), encoding="utf-8")
+        shared_permissions(staging)
         if out.exists():
             shutil.rmtree(out)
         staging.rename(out)

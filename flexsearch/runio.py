@@ -36,6 +36,14 @@ def atomic_write_text(path: Path, text: str) -> None:
         raise
 
 
+def shared_permissions(folder: Path) -> None:
+    """Ordinary permissions (as the umask allows) on a folder made with mkdtemp and the files in it."""
+    os.chmod(folder, 0o777 & ~_UMASK)
+    for path in folder.iterdir():
+        if path.is_file():
+            os.chmod(path, 0o666 & ~_UMASK)
+
+
 def atomic_write_json(path: Path, data: Any) -> None:
     atomic_write_text(path, json.dumps(data, indent=2, sort_keys=False) + "\n")
 

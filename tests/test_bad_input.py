@@ -215,6 +215,8 @@ CASES: list[tuple[str, list[str], str]] = [
     ("tune-space-file", ["tune", "--space", "{syntax.yaml}", "--model", "{model}"], "syntax.yaml:3: YAML error"),
     ("finetune-policy", ["finetune", "--out", "{root}/a", "--policy", "gould"], "Did you mean 'gold'"),
     ("finetune-share", ["finetune", "--out", "{root}/a", "--prefix-share", "2"], "--prefix-share must lie in"),
+    ("finetune-into-search", ["finetune", "--out", "{search}", "--eval-share", "0"], "is not an adapter directory"),
+    ("tune-into-search", ["tune", "--space", "operator_families", "--out", "{search}"], "holds a 'search' run"),
 ]
 
 

@@ -105,6 +105,8 @@ def test_report_is_self_contained_with_every_figure(two_tiny_runs, tmp_path):
     markdown = out.with_suffix(".md").read_text()
     score = json.loads((two_tiny_runs[0] / "score.json").read_text())
     assert f"{score['clean']['accuracy']['value']:.3f}" in markdown and "| run |" in markdown
+    verdict = score["verdict"]["verdict"]
+    assert f"Verdict: {two_tiny_runs[0].name}" in page and f"| overall | {verdict} |" in markdown
 
 
 def test_compare_on_real_runs_writes_files(two_tiny_runs, tmp_path):
@@ -114,6 +116,9 @@ def test_compare_on_real_runs_writes_files(two_tiny_runs, tmp_path):
     assert saved["shared_items"] == 12 and saved["overall"]["clean accuracy"]["delta"] == 0  # same model
     assert set(saved["per_category"]) == {it.category for it in load_items("seed", limit=12).items}
     assert (tmp_path / "cmp" / "compare.md").exists()
+    scores = [json.loads((run / "score.json").read_text()) for run in two_tiny_runs]
+    assert saved["verdict"] == {"a": scores[0]["verdict"]["verdict"], "b": scores[1]["verdict"]["verdict"]}
+    assert "verdict (A -> B):" in result.output
 
 
 def test_report_needs_finished_runs(tmp_path):

@@ -156,6 +156,7 @@ def test_a_few_steps_lower_the_loss_and_save_a_loadable_adapter(tiny_model_dir, 
     from safetensors.torch import load_file
 
     assert {str(t.dtype) for t in load_file(str(out / "adapter_model.safetensors")).values()} == {"torch.float16"}
+    assert all(p.stat().st_mode & 0o044 == 0o044 for p in [out, *out.iterdir()])  # readable by others
     reloaded = load_target(str(tiny_model_dir), device="cpu", adapter=str(out))
     assert reloaded.info["adapter"] == str(out.resolve())
 
