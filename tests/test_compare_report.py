@@ -71,7 +71,7 @@ def test_compare_refuses_incomparable_runs(tmp_path):
     with pytest.raises(FlexsearchError, match="different scoring modes"):
         compare_runs(a, synthetic_run(tmp_path / "c", 0.0, ids=range(0, 10), mode="chat"))
     result = runner.invoke(app, ["compare", str(a), str(tmp_path / "missing")])
-    assert result.exit_code == 2 and "not a run directory" in result.output
+    assert result.exit_code == 2 and "missing: no such run directory" in result.output
 
 
 def test_holm_correction():
