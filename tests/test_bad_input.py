@@ -287,3 +287,10 @@ def test_offline_unknown_hub_id_fails_fast_in_one_line(world):
     assert result.exit_code == 2 and "not in the Hugging Face cache" in result.output, result.output
     assert len([line for line in result.output.splitlines() if line.strip()]) == 1
     assert time.perf_counter() - started < 30
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="this machine has a CUDA device")
+def test_cuda_on_a_machine_without_one_is_one_line(world):
+    result = runner.invoke(app, _fill(S("--device", "cuda"), world))
+    assert result.exit_code == 2 and "no CUDA device is available on this machine" in result.output
+    assert len([line for line in result.output.splitlines() if line.strip()]) == 1
