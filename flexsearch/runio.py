@@ -15,6 +15,7 @@ from typing import Any
 import yaml
 
 from flexsearch.errors import FlexsearchError, InputError
+from flexsearch.items import iter_jsonl
 
 _UMASK = os.umask(0o022)
 os.umask(_UMASK)  # read once: the process umask, to give written files ordinary permissions
@@ -111,8 +112,6 @@ def read_json(path: Path) -> Any:
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
     """Every record of a whole JSONL file (split.jsonl, predictions.jsonl); a bad line is an InputError."""
-    from flexsearch.items import iter_jsonl
-
     return [record for _, record in iter_jsonl(path)]
 
 
