@@ -19,7 +19,6 @@ import shutil
 import sys
 import tempfile
 import time
-import warnings
 import zlib
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -286,7 +285,6 @@ def training_prompts(draw: Sequence[tuple[Item, int | None, int]], target: Targe
 
 
 def _peft_model(target: TargetModel, config: FinetuneConfig, init_adapter: Path | None) -> PeftModel:
-    warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)  # PEFT's
     if init_adapter is not None:
         return PeftModel.from_pretrained(target.model, str(init_adapter), is_trainable=True)
     present = {name.rsplit(".", 1)[-1] for name, _ in target.model.named_modules()}

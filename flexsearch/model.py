@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 import tempfile
+import warnings
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -38,6 +39,8 @@ ZOO_ALIASES = {
     "gemma3-bbq-manipulable": ("gemma3", "gemma3-bbq-manipulable"),
     "gemma3-bbq-abstainer": ("gemma3", "gemma3-bbq-abstainer"),
 }
+# PEFT calls a transformers method deprecated in v5 on every adapter load; the warning is noise to users.
+warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
 _ARCHITECTURE_KEYS = ("model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
                       "num_attention_heads", "num_key_value_heads")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
