@@ -21,7 +21,6 @@ from flexsearch.model import load_target, requested_model
 from flexsearch.render import render
 from flexsearch.runio import (
     PREDICTIONS,
-    RESULT_KEYS,
     SCORE,
     SPLIT_CSV,
     SPLIT_JSONL,
@@ -31,7 +30,6 @@ from flexsearch.runio import (
     atomic_write_json,
     atomic_write_jsonl,
     atomic_write_text,
-    pre_load_keys,
     read_log,
 )
 from flexsearch.scoring import Scorer, fit_context
@@ -69,12 +67,12 @@ def _opened_run(out: Path, resolved: dict[str, Any], target: dict[str, Any],
     resolved settings: a new run writes config.yaml, a resumed one must match it on every key."""
     command = resolved["command"]
     run = RunDirectory(out, command)
-    resuming = run.check(resolved, pre_load_keys(command))
+    resuming = run.check(resolved)
     with run:
         scorer = build_scorer(dict(target), scoring)
         resolved.update(model=scorer.target.info, versions=_versions())
         if resuming:
-            run.check(resolved, RESULT_KEYS[command])
+            run.check(resolved, model_loaded=True)
         if not resuming or command != "search":
             run.write_config(resolved)
         yield run, scorer

@@ -13,7 +13,6 @@ shares a template with a training item. The adapter directory records the whole 
 
 from __future__ import annotations
 
-import json
 import shlex
 import shutil
 import sys
@@ -37,7 +36,7 @@ from flexsearch.items import Item
 from flexsearch.model import TargetModel, architecture_fingerprint, check_adapter
 from flexsearch.registry import Registry
 from flexsearch.render import PromptFormat, cyclic_orders, render
-from flexsearch.runio import atomic_write_json, shared_permissions
+from flexsearch.runio import atomic_write_json, read_json, shared_permissions
 from flexsearch.scoring import left_padded, letter_token_ids
 from flexsearch.training_prefixes import TRAINING_PREFIXES
 
@@ -200,7 +199,7 @@ def read_recipe(adapter: Path) -> dict[str, Any]:
     path = adapter / RECIPE_FILE
     if not path.is_file():
         raise FlexsearchError(f"{adapter}: no {RECIPE_FILE} (not an adapter written by flexsearch finetune)")
-    return json.loads(path.read_text(encoding="utf-8"))
+    return read_json(path)
 
 
 # ---------------------------------------------------------------- training

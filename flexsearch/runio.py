@@ -131,12 +131,7 @@ RESULT_KEYS = {
     "search": ("data", "data_sha256", "limit", "search", *_MODEL_KEYS),
     "evaluate": ("data", "split", "data_sha256", "limit", "scoring", *_MODEL_KEYS),
 }
-RESUME_KEYS = RESULT_KEYS["search"]
-
-
-def pre_load_keys(command: str) -> tuple[str, ...]:
-    """The keys known before the model loads (its file hash is read while loading)."""
-    return tuple(k for k in RESULT_KEYS[command] if k != "model.gguf_sha256")
+_LOADED_ONLY = ("model.gguf_sha256",)  # known only once the model has loaded (its file is hashed then)
 
 
 def _dotted(data: dict[str, Any], key: str) -> Any:
@@ -145,8 +140,8 @@ def _dotted(data: dict[str, Any], key: str) -> Any:
     return data
 
 
-def differing_keys(previous: dict[str, Any], current: dict[str, Any], keys: tuple[str, ...] = RESUME_KEYS) -> list[str]:
-    """The resume keys whose values differ, with nested differences inside `search` spelled out."""
+def differing_keys(previous: dict[str, Any], current: dict[str, Any], keys: tuple[str, ...]) -> list[str]:
+    """The keys whose values differ, with nested differences (inside `search`, say) spelled out."""
     found = []
     for key in keys:
         before, after = _dotted(previous, key), _dotted(current, key)
@@ -182,9 +177,11 @@ class RunDirectory:
             raise InputError(path, None, None, "unreadable run configuration")
         return data
 
-    def check(self, resolved: dict[str, Any], keys: tuple[str, ...] = RESUME_KEYS) -> bool:
+    def check(self, resolved: dict[str, Any], model_loaded: bool = False) -> bool:
         """True when the directory holds this command's run with the same settings (resume); raises
-        when it holds another command's run or other settings; False when it holds no run."""
+        when it holds another command's run or other settings; False when it holds no run. Before
+        the model loads, the keys only a loaded model knows are left for a second check."""
+        keys = tuple(k for k in RESULT_KEYS[self.command] if model_loaded or k not in _LOADED_ONLY)
         previous = self.previous_config()
         if previous is None:
             if self.path.is_dir() and any(p.name != LOCK for p in self.path.iterdir()):
