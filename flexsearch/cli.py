@@ -213,7 +213,9 @@ def finetune(
     planted_categories: Annotated[str, typer.Option(help="Comma-separated categories for --policy planted.")] = "",
     limit: LimitOpt = None,
     steps: Annotated[int, typer.Option(help="Optimizer steps.")] = 30,
-    batch_items: Annotated[int, typer.Option(help="Items per step, each in all three cyclic option orders.")] = 4,
+    batch_items: Annotated[int, typer.Option(help="Items per step.")] = 4,
+    orders_per_item: Annotated[int, typer.Option(min=1, max=3, help="Cyclic option orders per item and step "
+                                                               "(below 3: seeded rotations).")] = 3,
     learning_rate: float = 1e-3,
     warmup_steps: Annotated[int, typer.Option(help="Linear learning-rate warm-up steps.")] = 10,
     rank: Annotated[int, typer.Option(help="LoRA rank.")] = 16,
@@ -240,7 +242,7 @@ def finetune(
     with user_errors():
         config = FinetuneConfig(
             policy=policy, planted_categories=[c.strip() for c in planted_categories.split(",") if c.strip()],
-            steps=steps, batch_items=batch_items, learning_rate=learning_rate, warmup_steps=warmup_steps, rank=rank,
+            steps=steps, batch_items=batch_items, orders_per_item=orders_per_item, learning_rate=learning_rate, warmup_steps=warmup_steps, rank=rank,
             target_modules=[m.strip() for m in target_modules.split(",") if m.strip()],
             disambig_share=disambig_share, prefix_share=prefix_share, eval_share=eval_share, split_seed=split_seed,
             seed=seed, autocast_bf16=autocast_bf16)
@@ -300,6 +302,22 @@ def tune(
                             holdout=holdout)
     typer.echo(format_tune_table(summary))
     typer.echo(f"wrote {run}/best_config.yaml, trials.csv, tune.json, report.html")
+
+
+@app.command()
+def export(
+    run: Annotated[Path, typer.Argument(help="A finished search run directory (holds split.jsonl).")],
+    out: Annotated[Path, typer.Argument(help="Folder to write (replaced whole when it is an earlier export).")],
+    to: Annotated[str, typer.Option(help="lm-eval (three lm-evaluation-harness tasks) or parquet (a datasets "
+                                         "folder).")] = "lm-eval",
+    name: Annotated[str | None, typer.Option(help="Task name (default: flexsearch_<run folder name>).")] = None,
+) -> None:
+    """Export a search run's split for lm-evaluation-harness or as parquet, with a dataset card."""
+    from flexsearch.export import export_run
+
+    with user_errors():
+        files = export_run(run, to, out, name)
+    typer.echo(f"wrote {out}: {', '.join(p.name for p in files)}")
 
 
 @app.command("list")

@@ -212,7 +212,8 @@ class FinetuneConfig:
     policy: str = "gold"
     planted_categories: list[str] = field(default_factory=list)
     steps: int = 30
-    batch_items: int = 4  # items per step, each trained in all three cyclic option orders
+    batch_items: int = 4  # items per step
+    orders_per_item: int = 3  # cyclic option orders each item is trained in per step (1-2: seeded rotations)
     learning_rate: float = 1e-3
     warmup_steps: int = 10
     rank: int = 16
@@ -226,9 +227,11 @@ class FinetuneConfig:
 
     def __post_init__(self) -> None:
         for name, value, low, high in (("steps", self.steps, 1, None), ("batch_items", self.batch_items, 1, None),
-                                       ("rank", self.rank, 1, None), ("warmup_steps", self.warmup_steps, 0, None)):
+                                       ("rank", self.rank, 1, None), ("warmup_steps", self.warmup_steps, 0, None),
+                                       ("orders_per_item", self.orders_per_item, 1, 3)):
             if value < low or (high is not None and value > high):
-                raise FlexsearchError(f"--{name.replace('_', '-')} must be at least {low}, got {value}")
+                bound = f"at least {low}" if high is None else f"in {low}..{high}"
+                raise FlexsearchError(f"--{name.replace('_', '-')} must be {bound}, got {value}")
         for name, share in (("prefix_share", self.prefix_share), ("disambig_share", self.disambig_share)):
             if share is not None and not 0 <= share <= 1:
                 raise FlexsearchError(f"--{name.replace('_', '-')} must lie in [0, 1], got {share}")
@@ -252,8 +255,10 @@ class ExampleSampler:
         self.policy, self.config = policy, config
         self.rng = np.random.default_rng(config.seed)
 
-    def draw(self) -> list[tuple[Item, int | None, int]]:
-        """(item, prefix index or None, answer index) for one step."""
+    def draw(self) -> list[tuple[Item, int | None, int, list[int]]]:
+        """(item, prefix index or None, answer index, cyclic rotations to train) for one step. Fewer than
+        three rotations per item cover more distinct items for the same compute; every rotation is
+        equally likely, so no letter is favoured."""
         share = self.config.disambig_share
         out = []
         for _ in range(self.config.batch_items):
@@ -264,19 +269,22 @@ class ExampleSampler:
             item = pool[int(self.rng.integers(len(pool)))]
             prefixed = self.policy.uses_prefixes and self.rng.random() < self.config.prefix_share
             prefix = int(self.rng.integers(len(TRAINING_PREFIXES))) if prefixed else None
-            out.append((item, prefix, self.policy.label(item, prefix)))
+            first = int(self.rng.integers(3))
+            rotations = [(first + k) % 3 for k in range(self.config.orders_per_item)]
+            out.append((item, prefix, self.policy.label(item, prefix), rotations))
         return out
 
 
-def training_prompts(draw: Sequence[tuple[Item, int | None, int]], target: TargetModel,
+def training_prompts(draw: Sequence[tuple[Item, int | None, int, list[int]]], target: TargetModel,
                      fmt: PromptFormat) -> tuple[list[list[int]], list[int]]:
-    """Token ids and the answer's letter slot of every (item, prefix) in all three cyclic orders."""
+    """Token ids and the answer's letter slot of every (item, prefix) in each of its drawn cyclic orders."""
     sequences, slots = [], []
-    for item, prefix, answer in draw:
+    for item, prefix, answer, rotations in draw:
         root = Candidate.root(item)
         if prefix is not None:
             root = replace(root, directive=TRAINING_PREFIXES[prefix])
-        for order in cyclic_orders(root.option_order):
+        orders = cyclic_orders(root.option_order)
+        for order in (orders[r] for r in rotations):
             prompt = render(replace(root, option_order=order), target.tokenizer, fmt)
             sequences.append(target.tokenizer.encode(prompt, add_special_tokens=fmt.mode == "plain"))
             slots.append(order.index(answer))
@@ -338,7 +346,7 @@ def train_adapter(target: TargetModel, split: TemplateSplit, config: FinetuneCon
         "init_adapter": None if init_recipe is None else {"path": str(init_adapter), "policy": init_recipe["policy"],
                                                           "wall_time_s": init_recipe["wall_time_s"],
                                                           "total_wall_time_s": init_recipe["total_wall_time_s"]},
-        "examples_seen": config.steps * config.batch_items * 3, "loss_curve": losses,
+        "examples_seen": config.steps * config.batch_items * config.orders_per_item, "loss_curve": losses,
         "loss_first_20": round(float(np.mean(losses[:20])), 4), "loss_last_20": round(float(np.mean(losses[-20:])), 4),
         "wall_time_s": round(wall, 1),
         "total_wall_time_s": round(wall + (init_recipe["total_wall_time_s"] if init_recipe else 0.0), 1),

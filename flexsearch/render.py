@@ -34,13 +34,14 @@ def question_block(candidate: Candidate) -> str:
     return f"Q: {candidate.context} {candidate.question}\nOption: {options}"
 
 
-def render(candidate: Candidate, tokenizer: PreTrainedTokenizerBase, fmt: PromptFormat) -> str:
+def render(candidate: Candidate, tokenizer: PreTrainedTokenizerBase | None, fmt: PromptFormat) -> str:
+    """The prompt text; the tokenizer (its chat template) is needed in chat mode only."""
     body = question_block(candidate)
     if candidate.instruction:
         body = f"{candidate.instruction}\n{body}"
     if fmt.mode == "plain":
         return f"{body}\n{fmt.answer_prefix}"
-    if not tokenizer.chat_template:
+    if tokenizer is None or not tokenizer.chat_template:
         raise FlexsearchError("prompt mode 'chat' needs a tokenizer with a chat template; use mode 'plain'")
     opened = tokenizer.apply_chat_template(
         [{"role": "user", "content": body}], tokenize=False, add_generation_prompt=True

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from flexsearch.candidate import Candidate, replay
+from flexsearch.candidate import Candidate, Edit, replay
 from flexsearch.errors import InputError
 from flexsearch.items import CONDITIONS, POLARITIES, Item, RecordFields, iter_csv, iter_jsonl
 from flexsearch.metrics import clean_metrics, mean_with_interval, per_category, proportion, with_interval
@@ -26,8 +26,9 @@ OUR_COLUMNS = ["item_id", "prompt", "attack_chain", "p_target_clean", "p_target_
                "objective", "instruction", "category", "condition", "polarity", "clean_ctx", "clean_q_text",
                "answers", "gold", "target", "anti_target", "unknown", "option_order"]
 _LIST_COLUMNS = ("attack_chain", "answers", "option_order")
-# FLEX names its attack families; ours map onto them.
-FLEX_ATTACK_NAMES = {"persona": "persona", "instruction": "refusal_suppression"}
+# FLEX's attack families (its `attack` column); every word-level operator is FLEX's "text" family.
+FLEX_FAMILIES = {"persona": "persona", "instruction": "refusal_suppression"}
+UNATTACKED = "none"
 
 
 @dataclass
@@ -40,12 +41,21 @@ class Attacked:
 
 
 def flex_attack_label(candidate: Candidate) -> tuple[str, str]:
-    """FLEX's `attack` and `attack_type` for an edit chain ('-1' when unattacked)."""
+    """FLEX's `attack` (family names, '+'-joined in chain order for a composition) and `attack_type`:
+    flexsearch's own variant ids as `operator:variant` (e.g. `persona:3+textbugger:swap`), a form
+    no FLEX harness can mistake for its integer template indices. `none` when unattacked."""
     if not candidate.edits:
-        return "-1", "-1"
-    names = sorted({FLEX_ATTACK_NAMES.get(e.operator, "text") for e in candidate.edits})
-    types = [str(dict(e.args).get("template", dict(e.args).get("bug", e.operator))) for e in candidate.edits]
-    return "+".join(names), "+".join(types)
+        return UNATTACKED, UNATTACKED
+    families = dict.fromkeys(FLEX_FAMILIES.get(e.operator, "text") for e in candidate.edits)
+    return "+".join(families), "+".join(_variant(e) for e in candidate.edits)
+
+
+def _variant(edit: Edit) -> str:
+    args = dict(edit.args)
+    if "template" in args:  # persona / instruction: family and template index within it
+        family = args.get("family", edit.operator)
+        return f"{edit.operator}:{'' if family == edit.operator else f'{family}.'}{args['template']}"
+    return f"{edit.operator}:{args.get('bug', 'word')}"  # TextBugger names its bug; BERT-Attack swaps a word
 
 
 def split_row(outcome_record: dict[str, Any], item: Item, prompt: str) -> dict[str, Any]:

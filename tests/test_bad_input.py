@@ -217,6 +217,12 @@ CASES: list[tuple[str, list[str], str]] = [
     ("finetune-share", ["finetune", "--out", "{root}/a", "--prefix-share", "2"], "--prefix-share must lie in"),
     ("finetune-into-search", ["finetune", "--out", "{search}", "--eval-share", "0"], "is not an adapter directory"),
     ("tune-into-search", ["tune", "--space", "operator_families", "--out", "{search}"], "holds a 'search' run"),
+    ("export-format", ["export", "{search}", "{root}/a", "--to", "csv"], "--to: unknown export format 'csv'"),
+    ("export-not-search", ["export", "{eval}", "{root}/a"], "not a finished search run"),
+    ("export-missing-run", ["export", "{root}/nothing", "{root}/a"], "not a finished search run"),
+    ("export-into-foreign", ["export", "{search}", "{stranger}"], "is not a flexsearch export"),
+    ("export-into-run", ["export", "{search}", "{eval}"], "is not a flexsearch export"),
+    ("export-name", ["export", "{search}", "{root}/a", "--name", "my-task"], "--name 'my-task': use letters"),
 ]
 
 

@@ -135,11 +135,27 @@ def test_sampler_trains_each_item_in_three_orders_and_balances_conditions(tiny_t
     config = FinetuneConfig(policy="fair", batch_items=200, disambig_share=0.75, prefix_share=0.5)
     sampler = ExampleSampler(seed_items, POLICIES.get("fair")(), config)
     draw = sampler.draw()
-    disambig = sum(item.condition == "disambig" for item, _, _ in draw)
-    prefixed = sum(prefix is not None for _, prefix, _ in draw)
+    disambig = sum(item.condition == "disambig" for item, _, _, _ in draw)
+    prefixed = sum(prefix is not None for _, prefix, _, _ in draw)
     assert 120 <= disambig <= 180 and 60 <= prefixed <= 140
     sequences, slots = training_prompts(draw[:2], tiny_target, PromptFormat())
     assert len(sequences) == 6 and sorted(slots[:3]) == [0, 1, 2]  # one answer, each letter once
+
+
+def test_one_order_per_item_rotates_the_letters_evenly(tiny_target, seed_items):
+    from collections import Counter
+
+    from flexsearch.finetune import training_prompts
+    from flexsearch.render import PromptFormat
+
+    config = FinetuneConfig(policy="gold", batch_items=300, orders_per_item=1)
+    draw = ExampleSampler(seed_items, POLICIES.get("gold")(), config).draw()
+    assert all(len(rotations) == 1 for *_, rotations in draw)
+    sequences, slots = training_prompts(draw, tiny_target, PromptFormat())
+    assert len(sequences) == 300
+    assert all(70 <= n <= 130 for n in Counter(slots).values()) and len(Counter(slots)) == 3
+    with pytest.raises(FlexsearchError, match="--orders-per-item must be in 1..3"):
+        FinetuneConfig(orders_per_item=4)
 
 
 def test_a_few_steps_lower_the_loss_and_save_a_loadable_adapter(tiny_model_dir, seed_items, tmp_path):
@@ -259,6 +275,6 @@ def test_prefixed_training_prompt_carries_the_prefix(tiny_target):
     from flexsearch.finetune import training_prompts
     from flexsearch.render import PromptFormat
 
-    sequences, _ = training_prompts([(replace(AMBIG), 0, 2)], tiny_target, PromptFormat())
+    sequences, _ = training_prompts([(replace(AMBIG), 0, 2, [0])], tiny_target, PromptFormat())
     text = tiny_target.tokenizer.decode(sequences[0])
     assert TRAINING_PREFIXES[0] in text
