@@ -23,7 +23,7 @@ from flexsearch.config import load_config
 from flexsearch.model import load_target
 from flexsearch.objectives import attack_eligible
 from flexsearch.scoring import Scorer
-from flexsearch.search import build_context, run_search
+from flexsearch.search_loop import build_context, run_search
 
 BUDGETS = (10, 20, 50, 100, 200, 500)
 

@@ -79,9 +79,8 @@ def letters_text(block: dict[str, Any]) -> str:
 def capability(items_file: Path, out: Path, models: list[str], dtype: str) -> str:
     rows = []
     for model in models:
-        api.evaluate_data(str(items_file), out / f"capability-{model}", {"model": model, "dtype": dtype},
-                          {"mode": "plain", "average_orders": True, "batch_size": 16})
-        score = json.loads((out / f"capability-{model}" / "score.json").read_text(encoding="utf-8"))
+        score = api.evaluate(str(items_file), model=api.Target(model, dtype=dtype),
+                             out=out / f"capability-{model}").score.to_dict()
         rows.append([model, score["n_items"], metric_text(score["accuracy_ambig"]),
                      metric_text(score["accuracy_disambig"]), metric_text(score["abstention_rate"]),
                      letters_text(score)])
@@ -152,8 +151,8 @@ def main(argv: list[str] | None = None) -> int:
     rows, problems = [], []
     config = load_config("default", budget=args.budget, seed=args.seed)
     for alias in args.models:
-        api.search(str(zoo_file), args.out / alias, {"model": alias, "dtype": args.dtype}, config)
-        score = json.loads((args.out / alias / "score.json").read_text(encoding="utf-8"))
+        score = api.search(str(zoo_file), model=api.Target(alias, dtype=args.dtype), out=args.out / alias,
+                           config=config).score.to_dict()
         row, found = zoo_row(alias, score, planted)
         rows.append(row)
         problems += found

@@ -1,10 +1,12 @@
-"""The Python API behind the CLI: each command is one function here."""
+"""The typed Python API: `flexsearch.search`, `flexsearch.evaluate`, `flexsearch.compare` (and the
+smaller commands). The CLI is a thin layer over these functions."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import time
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -12,16 +14,16 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from flexsearch.candidate import Candidate, replay
-from flexsearch.config import ScoringConfig, SearchConfig, config_dict
+from flexsearch.config import Origins, ScoringConfig, SearchConfig, check_settings, config_dict, load_config
 from flexsearch.errors import FlexsearchError
-from flexsearch.evaluate import CLEAN_COLUMNS, evaluate_items, format_table, prediction_rows, score_all
-from flexsearch.items import LoadResult, load_items, source_sha256
+from flexsearch.evaluation import CLEAN_COLUMNS, evaluate_items, format_table, prediction_rows, score_all
+from flexsearch.items import Item, LoadResult, load_items, source_sha256
 from flexsearch.metrics import dig, metric_text
-from flexsearch.model import load_target, requested_model
+from flexsearch.model import requested_model
 from flexsearch.render import render
+from flexsearch.results import Comparison, RunResult, Score
 from flexsearch.runio import (
     PREDICTIONS,
-    SCORE,
     SPLIT_CSV,
     SPLIT_JSONL,
     TRACE,
@@ -31,141 +33,161 @@ from flexsearch.runio import (
     atomic_write_jsonl,
     atomic_write_text,
     read_log,
+    software_versions,
 )
-from flexsearch.scoring import Scorer, fit_context
-from flexsearch.search import build_context, run_search
+from flexsearch.scoring import Scorer, build_scorer, fit_context
+from flexsearch.search_loop import build_context, run_search
 from flexsearch.split import load_split, robustness_score, split_csv_text, split_row
 
 
-def build_scorer(target: dict[str, Any], scoring: dict[str, Any]) -> Scorer:
-    """Loads the target model and wraps it in a scorer. `target` holds load_target's arguments."""
-    model = load_target(target.pop("model"), **target)
-    return Scorer.from_config(model, ScoringConfig(**scoring))
+@dataclass(frozen=True)
+class Target:
+    """The model to attack: a Hugging Face id, local directory, .gguf file or alias, with its options."""
+
+    model: str = "smollm2"
+    adapter: str | None = None
+    device: str | None = None
+    dtype: str | None = None
+    trust_remote_code: bool = False
+
+    def arguments(self) -> dict[str, Any]:
+        """load_target's keyword arguments (also what Ray workers receive)."""
+        return asdict(self)
 
 
-def evaluate_data(data: str, out: Path, target: dict[str, Any], scoring: dict[str, Any],
-                  limit: int | None = None) -> str:
-    """Clean evaluation of a data set; returns the printed table."""
+@dataclass(frozen=True)
+class RayOptions:
+    """Spread a search's items over Ray workers (each loads the model once)."""
+
+    workers: int = 2
+    address: str | None = None  # join this cluster (default: start a local one)
+    gpus_per_worker: float = 0
+
+
+def _target(model: str | Target) -> Target:
+    return model if isinstance(model, Target) else Target(model=model)
+
+
+def default_run_dir(*parts: str) -> Path:
+    return Path("runs") / "-".join(Path(p).stem for p in parts)
+
+
+# ---------------------------------------------------------------- search
+
+
+def search(data: str = "seed", *, model: str | Target = "smollm2", out: str | Path | None = None,
+           config: str | SearchConfig = "default", overrides: Sequence[str] = (), budget: int | None = None,
+           method: str | None = None, objective: str | None = None, control: bool | None = None,
+           seed: int | None = None, limit: int | None = None, ray: RayOptions | None = None) -> RunResult:
+    """Runs (or resumes) a search into `out` and returns its score, split rows and files.
+
+    `config` is a preset name, a YAML path or a SearchConfig; `overrides` are `key=value` strings
+    as for `--set`; the keyword options override both (CLI > YAML > defaults)."""
+    started = time.time()
+    resolved_config = _search_config(config, overrides, budget=budget, method=method, objective=objective,
+                                     control=control, seed=seed)
+    target = _target(model)
+    run_dir = Path(out) if out is not None else default_run_dir(data, config if isinstance(config, str) else "api")
     loaded = load_items(data, limit=limit)
-    resolved = {"command": "evaluate", "data": data, "data_sha256": source_sha256(data), "limit": limit,
-                "model": requested_model(target), "scoring": scoring}
-    with _opened_run(out, resolved, target, scoring) as (_, scorer):
-        items, too_long = fit_context(loaded.items, scorer, 0)
-        skipped = loaded.skipped + too_long
-        counts = {"skipped": sum(skipped.values()), "skipped_reasons": dict(skipped)}
-        score = evaluate_items(scorer, items, out, extra={"data": data, **counts, "model": scorer.target.info})
-    lines = [format_table(score, CLEAN_COLUMNS)]
-    lines.append(f"items: {len(items)} scored, {counts['skipped']} skipped"
-                 + "".join(f"\n  {n} × {why}" for why, n in skipped.items()))
-    return "\n".join(lines)
-
-
-@contextmanager
-def _opened_run(out: Path, resolved: dict[str, Any], target: dict[str, Any],
-                scoring: dict[str, Any]) -> Iterator[tuple[RunDirectory, Scorer]]:
-    """Checks the run directory (before the model loads), locks it, loads the scorer and records the
-    resolved settings: a new run writes config.yaml, a resumed one must match it on every key."""
-    command = resolved["command"]
-    run = RunDirectory(out, command)
-    resuming = run.check(resolved)
-    with run:
-        scorer = build_scorer(dict(target), scoring)
-        resolved.update(model=scorer.target.info, versions=_versions())
-        if resuming:
-            run.check(resolved, model_loaded=True)
-        if not resuming or command != "search":
-            run.write_config(resolved)
-        yield run, scorer
-
-
-def registries() -> dict[str, dict[str, str]]:
-    """Name → one-line description of everything registered, by kind."""
-    from flexsearch.attacks import CONSTRAINTS, OPERATORS
-    from flexsearch.finetune import POLICIES
-    from flexsearch.model import ALIAS_DESCRIPTIONS
-    from flexsearch.objectives import OBJECTIVES
-    from flexsearch.search import METHODS
-
-    return {"model aliases": dict(ALIAS_DESCRIPTIONS), "label policies (finetune)": POLICIES.describe(),
-            "operators": OPERATORS.describe(), "constraints": CONSTRAINTS.describe(),
-            "objectives": OBJECTIVES.describe(),
-            "search methods": {name: (fn.__doc__ or "").strip().splitlines()[0] for name, fn in METHODS.items()}}
-
-
-def _versions() -> dict[str, str]:
-    import platform
-
-    import torch
-    import transformers
-
-    import flexsearch
-
-    return {"flexsearch": flexsearch.__version__, "torch": str(torch.__version__),
-            "transformers": transformers.__version__, "python": platform.python_version()}
-
-
-def search(data: str, out: Path, target: dict[str, Any], config: SearchConfig,
-           limit: int | None = None, ray: dict[str, Any] | None = None) -> str:
-    """Runs (or resumes) a search into `out`; writes the split and the score; returns a summary.
-
-    With `ray` (search_on_ray's keyword options) the items are searched by Ray workers; the run
-    directory, and so resume, is the same either way."""
-    loaded = load_items(data, limit=limit)
+    settings = config_dict(resolved_config)
     resolved = {"command": "search", "data": data, "data_sha256": source_sha256(data), "limit": limit,
-                "model": requested_model(target), "search": config_dict(config)}
-    with _opened_run(out, resolved, target, asdict(config.scoring)) as (run, scorer):
-        return _search_in(run, loaded, scorer, config, target, data, ray)
+                "model": requested_model(target.arguments()), "scoring": settings.pop("scoring"), "search": settings}
+    with _opened_run(run_dir, resolved, target, resolved["scoring"]) as (run, scorer):
+        items, skipped = _fitting_items(loaded, scorer, SEARCH_PROMPT_MARGIN)
+        objectives = _objectives(resolved_config)
+        done, retries = _search_objectives(run, items, objectives, scorer, resolved_config, target, ray)
+        rows = _write_split(run, items, done[resolved_config.objective], scorer)
+        score = _search_score(items, done, objectives, scorer, resolved_config, data, skipped, retries, ray)
+        written = run.write_score(score, started)
+        files = run.files()
+    return RunResult(run_dir, Score.from_dict(written), rows, format_search_table(written, resolved_config.objective),
+                     files)
+
+
+def _search_config(config: str | SearchConfig, overrides: Sequence[str], **options: Any) -> SearchConfig:
+    if isinstance(config, str):
+        return load_config(config, list(overrides), **options)
+    if overrides:
+        raise FlexsearchError("overrides apply to a preset name or YAML path, not to a SearchConfig object")
+    return replace(config, **{k: v for k, v in options.items() if v is not None})
 
 
 SEARCH_PROMPT_MARGIN = 64  # tokens left free under the context limit for instructions and word edits
 
 
-def _search_in(run: RunDirectory, loaded: LoadResult, scorer: Scorer, config: SearchConfig,
-               target: dict[str, Any], data: str, ray: dict[str, Any] | None) -> str:
-    out = run.path
-    trace = out / TRACE
-    done = {(r["objective"], r["item_id"]): r for r in read_log(trace, repair=True) if r.get("kind") == "item"}
-    objectives = [config.objective]
+def _fitting_items(loaded: LoadResult, scorer: Scorer, margin: int) -> tuple[list[Item], dict[str, int]]:
+    """Items whose prompt fits the model, and the skipped ones counted by reason."""
+    items, too_long = fit_context(loaded.items, scorer, margin)
+    return items, dict(loaded.skipped + too_long)
+
+
+def _objectives(config: SearchConfig) -> list[str]:
+    """The searched objective, then the counter-stereotype control when asked for."""
     if config.control and config.objective != "anti_stereotype":
-        objectives.append("anti_stereotype")
-    items, too_long = fit_context(loaded.items, scorer, SEARCH_PROMPT_MARGIN)
-    skipped = loaded.skipped + too_long
+        return [config.objective, "anti_stereotype"]
+    return [config.objective]
+
+
+def _search_objectives(run: RunDirectory, items: list[Item], objectives: list[str], scorer: Scorer,
+                       config: SearchConfig, target: Target,
+                       ray: RayOptions | None) -> tuple[dict[str, dict[str, dict[str, Any]]], int]:
+    """Searches every (objective, item) the trace does not hold yet, appending each finished batch to
+    the trace (the resume point). Returns objective → item id → outcome record, and Ray's retries."""
+    trace = run.path / TRACE
+    done: dict[str, dict[str, dict[str, Any]]] = {o: {} for o in objectives}
+    for record in read_log(trace, repair=True):
+        if record.get("kind") == "item" and record["objective"] in done:
+            done[record["objective"]][record["item_id"]] = record
     retries = 0
-    with tqdm(total=len(items) * len(objectives), desc=f"search ({'+'.join(objectives)})", unit="item") as bar:
-        bar.update(sum((o, it.id) in done for o in objectives for it in items))
+    with tqdm(total=len(items) * len(objectives), desc=f"search ({' + control '.join(objectives)})",
+              unit="item") as bar:
+        bar.update(sum(it.id in done[o] for o in objectives for it in items))
         for objective in objectives:
-            todo = [it for it in items if (objective, it.id) not in done]
+            todo = [it for it in items if it.id not in done[objective]]
             if not todo:
                 continue
 
             def keep(records: list[dict[str, Any]], objective: str = objective) -> None:
                 append_jsonl(trace, records)
-                done.update({(objective, r["item_id"]): r for r in records})
+                done[objective].update({r["item_id"]: r for r in records})
 
             if ray is not None:
                 from flexsearch.distributed import search_on_ray
 
-                retries += search_on_ray(todo, config, target, objective, keep, bar, **ray)
+                retries += search_on_ray(todo, config, target.arguments(), objective, keep, bar, **asdict(ray))
             else:
                 run_search(todo, build_context(config, scorer, objective), objective, progress=bar,
                            on_batch_done=lambda batch: keep([o.to_record() for o in batch]))
-    rows = [split_row(done[(config.objective, it.id)], it,
-                      render(replay(it, done[(config.objective, it.id)]["chain"],
-                                    tuple(done[(config.objective, it.id)]["option_order"])),
-                             scorer.target.tokenizer, scorer.fmt)) for it in items]
-    atomic_write_jsonl(out / SPLIT_JSONL, rows)
-    atomic_write_text(out / SPLIT_CSV, split_csv_text(rows))
-    arrays = {o: _outcome_arrays(o, [done[(o, it.id)] for it in items]) for o in objectives}
+    return done, retries
+
+
+def _write_split(run: RunDirectory, items: list[Item], outcomes: dict[str, dict[str, Any]],
+                 scorer: Scorer) -> list[dict[str, Any]]:
+    """The hardest prompt per item as split.jsonl and split.csv; returns the rows."""
+    rows = []
+    for item in items:
+        record = outcomes[item.id]
+        prompt = render(replay(item, record["chain"], tuple(record["option_order"])), scorer.target.tokenizer,
+                        scorer.fmt)
+        rows.append(split_row(record, item, prompt))
+    atomic_write_jsonl(run.path / SPLIT_JSONL, rows)
+    atomic_write_text(run.path / SPLIT_CSV, split_csv_text(rows))
+    return rows
+
+
+def _search_score(items: list[Item], done: dict[str, dict[str, dict[str, Any]]], objectives: list[str],
+                  scorer: Scorer, config: SearchConfig, data: str, skipped: dict[str, int], retries: int,
+                  ray: RayOptions | None) -> dict[str, Any]:
+    arrays = {o: _outcome_arrays(o, [done[o][it.id] for it in items]) for o in objectives}
     letters = scorer.score([Candidate.root(it) for it in items]).letters  # cached: no new queries
-    score = {
+    return {
         "data": data, "model": scorer.target.info, "items": len(items),
-        "skipped": sum(skipped.values()), "skipped_reasons": dict(skipped),
-        "method": config.method, "budget": config.budget, "average_orders": config.scoring.average_orders,
+        "skipped": sum(skipped.values()), "skipped_reasons": skipped,
+        "method": config.method, "budget": config.budget, "seed": config.seed,
+        "average_orders": config.scoring.average_orders,
         "backend": "ray" if ray is not None else "local", "worker_retries": retries,
         **robustness_score(items, arrays[config.objective], arrays.get("anti_stereotype"), config.budget, letters),
     }
-    atomic_write_json(out / SCORE, score)
-    return format_search_table(score, config.objective)
 
 
 def _outcome_arrays(objective: str, records: list[dict[str, Any]]) -> dict[str, Any]:
@@ -178,13 +200,54 @@ def _outcome_arrays(objective: str, records: list[dict[str, Any]]) -> dict[str, 
     }
 
 
-def evaluate_split(split: Path, out: Path, target: dict[str, Any], scoring: dict[str, Any],
-                   limit: int | None = None) -> str:
-    """Re-scores an emitted split's attacked prompts (and their clean versions) on another model."""
+# ---------------------------------------------------------------- evaluate
+
+
+def evaluate(data: str | None = None, *, split: str | Path | None = None, model: str | Target = "smollm2",
+             out: str | Path | None = None, limit: int | None = None, mode: str = "plain",
+             average_orders: bool = True, batch_size: int = 16) -> RunResult:
+    """Scores items clean (`data`) or re-scores a split's attacked prompts and their clean versions
+    (`split`) on a model; returns the score, per-item predictions and files."""
+    if (data is None) == (split is None):
+        raise FlexsearchError("give exactly one of --data or --split")
+    scoring = {"mode": mode, "average_orders": average_orders, "batch_size": batch_size}
+    origins = Origins()
+    for key in scoring:
+        origins.set(f"scoring.{key}", f"--{key.replace('_', '-')}")
+    check_settings(ScoringConfig, scoring, origins, "scoring.")
+    target = _target(model)
+    if split is not None:
+        default = Path("runs") / f"{Path(split).parent.name}-on-{Path(target.model).stem}"
+        run_dir = Path(out) if out is not None else default
+        return _evaluate_split(Path(split), run_dir, target, scoring, limit)
+    run_dir = Path(out) if out is not None else default_run_dir(str(data), "eval")
+    return _evaluate_data(str(data), run_dir, target, scoring, limit)
+
+
+def _evaluate_data(data: str, out: Path, target: Target, scoring: dict[str, Any], limit: int | None) -> RunResult:
+    started = time.time()
+    loaded = load_items(data, limit=limit)
+    resolved = {"command": "evaluate", "data": data, "data_sha256": source_sha256(data), "limit": limit,
+                "model": requested_model(target.arguments()), "scoring": scoring}
+    with _opened_run(out, resolved, target, scoring) as (run, scorer):
+        items, skipped = _fitting_items(loaded, scorer, 0)
+        counts = {"skipped": sum(skipped.values()), "skipped_reasons": skipped}
+        score, predictions = evaluate_items(scorer, items, extra={"data": data, **counts, "model": scorer.target.info})
+        atomic_write_jsonl(out / PREDICTIONS, predictions)
+        written = run.write_score(score, started)
+        files = run.files()
+    lines = [format_table(written, CLEAN_COLUMNS)]
+    lines.append(f"items: {len(items)} scored, {counts['skipped']} skipped"
+                 + "".join(f"\n  {n} × {why}" for why, n in skipped.items()))
+    return RunResult(out, Score.from_dict(written), predictions, "\n".join(lines), files)
+
+
+def _evaluate_split(split: Path, out: Path, target: Target, scoring: dict[str, Any], limit: int | None) -> RunResult:
+    started = time.time()
     rows = load_split(split, limit=limit)
     resolved = {"command": "evaluate", "split": str(split), "data_sha256": source_sha256(str(split)),
-                "limit": limit, "model": requested_model(target), "scoring": scoring}
-    with _opened_run(out, resolved, target, scoring) as (_, scorer):
+                "limit": limit, "model": requested_model(target.arguments()), "scoring": scoring}
+    with _opened_run(out, resolved, target, scoring) as (run, scorer):
         total = len(rows)
         rows = [r for r in rows if scorer.fits(Candidate.root(r.item)) and scorer.fits(r.candidate)]
         if not rows:
@@ -199,11 +262,44 @@ def evaluate_split(split: Path, out: Path, target: dict[str, Any], scoring: dict
                  "skipped": dropped, "skipped_reasons": {f"prompt over {scorer.max_prompt_tokens} tokens": dropped}
                  if dropped else {}, **robustness_score(items, arrays, None, None, clean.letters),
                  "queries": scorer.queries}
-        atomic_write_json(out / SCORE, score)
-        atomic_write_jsonl(out / PREDICTIONS, [
-            {**row, "attacked_probs": [round(float(p), 6) for p in probs]}
-            for row, probs in zip(prediction_rows(items, clean), attacked.probs, strict=True)])
-    return format_search_table(score, objective)
+        predictions = [{**row, "attacked_probs": [round(float(p), 6) for p in probs]}
+                       for row, probs in zip(prediction_rows(items, clean), attacked.probs, strict=True)]
+        atomic_write_jsonl(out / PREDICTIONS, predictions)
+        written = run.write_score(score, started)
+        files = run.files()
+    return RunResult(out, Score.from_dict(written), predictions, format_search_table(written, objective), files)
+
+
+@contextmanager
+def _opened_run(out: Path, resolved: dict[str, Any], target: Target,
+                scoring: dict[str, Any]) -> Iterator[tuple[RunDirectory, Scorer]]:
+    """Checks the run directory (before the model loads), locks it, loads the scorer and records the
+    resolved settings: a new run writes config.yaml, a resumed one must match it on every key."""
+    command = resolved["command"]
+    run = RunDirectory(out, command)
+    resuming = run.check(resolved)
+    with run:
+        scorer = build_scorer(target.arguments(), scoring)
+        resolved.update(model=scorer.target.info, versions=software_versions())
+        if resuming:
+            run.check(resolved, model_loaded=True)
+        if not resuming or command != "search":
+            run.write_config(resolved)
+        yield run, scorer
+
+
+def registries() -> dict[str, dict[str, str]]:
+    """Name → one-line description of everything registered, by kind."""
+    from flexsearch.attacks import CONSTRAINTS, OPERATORS
+    from flexsearch.finetune import POLICIES
+    from flexsearch.model import ALIAS_DESCRIPTIONS
+    from flexsearch.objectives import OBJECTIVES
+    from flexsearch.search_loop import METHODS
+
+    return {"model aliases": dict(ALIAS_DESCRIPTIONS), "label policies (finetune)": POLICIES.describe(),
+            "operators": OPERATORS.describe(), "constraints": CONSTRAINTS.describe(),
+            "objectives": OBJECTIVES.describe(),
+            "search methods": {name: (fn.__doc__ or "").strip().splitlines()[0] for name, fn in METHODS.items()}}
 
 
 def format_search_table(score: dict[str, Any], objective: str) -> str:
@@ -279,13 +375,16 @@ def mutate(data: str, item_ref: str, operator: str, n: int, settings: list[str],
     return "\n".join(lines)
 
 
-def compare(run_a: Path, run_b: Path, out: Path | None) -> str:
-    """Paired comparison of two run directories; writes compare.json/.md under `out` when given."""
-    from flexsearch.compare import compare_runs, format_comparison
+def compare(run_a: str | Path, run_b: str | Path, out: str | Path | None = None) -> Comparison:
+    """Paired comparison of two run directories on their shared items; writes compare.json and
+    compare.md under `out` when given."""
+    from flexsearch.comparison import compare_runs, format_comparison
 
-    result = compare_runs(run_a, run_b)
+    result = compare_runs(Path(run_a), Path(run_b))
     text = format_comparison(result)
+    files: dict[str, Path] = {}
     if out is not None:
-        atomic_write_json(out / "compare.json", result)
-        atomic_write_text(out / "compare.md", f"```\n{text}\n```\n")
-    return text
+        files = {"compare.json": Path(out) / "compare.json", "compare.md": Path(out) / "compare.md"}
+        atomic_write_json(files["compare.json"], result)
+        atomic_write_text(files["compare.md"], f"```\n{text}\n```\n")
+    return Comparison(result, text, files)

@@ -54,15 +54,23 @@ def main(version: Annotated[bool, typer.Option("--version", callback=_print_vers
     """Adversarial prompt search for LLM fairness robustness: FLEX-style splits and robustness scores."""
 
 
-ModelOpt = Annotated[str, typer.Option(help="Hugging Face id, local directory, .gguf file, or an alias "
-                                              "(smollm2, gemma3, gemma3-bbq...; see `flexsearch list`).")]
-AdapterOpt = Annotated[str | None, typer.Option(help="PEFT adapter directory applied on top of --model.")]
-DeviceOpt = Annotated[str | None, typer.Option(help="cpu, cuda, cuda:1... (default: cuda when available).")]
-DtypeOpt = Annotated[str | None, typer.Option(help="float32, bfloat16, float16 (default: bf16 on CUDA, fp32 on CPU).")]
-LimitOpt = Annotated[int | None, typer.Option(min=1, help="Use only the first N usable items.")]
-ModeOpt = Annotated[str, typer.Option(help="Prompt layout: plain (FLEX's bigbench text) or chat.")]
-OrdersOpt = Annotated[bool, typer.Option(help="Average over the three cyclic option orders.")]
-BatchOpt = Annotated[int, typer.Option(min=1, help="Prompts per forward pass (halved on out-of-memory).")]
+def _option(panel: str, help_text: str, **kwargs: Any) -> Any:
+    """An option shown in its help panel (Model, Data, Search, Scoring, Output, Ray)."""
+    return typer.Option(rich_help_panel=panel, help=help_text, **kwargs)
+
+
+ModelOpt = Annotated[str, _option("Model", "Hugging Face id, local directory, .gguf file, or an alias "
+                                           "(smollm2, gemma3, gemma3-bbq...; see `flexsearch list`).")]
+AdapterOpt = Annotated[str | None, _option("Model", "PEFT adapter directory applied on top of --model.")]
+TrustOpt = Annotated[bool, _option("Model", "Allow the model's own code from the hub.")]
+DeviceOpt = Annotated[str | None, _option("Model", "cpu, cuda, cuda:1... (default: cuda when available).")]
+DtypeOpt = Annotated[str | None, _option("Model", "float32, bfloat16, float16 (default: bf16 on CUDA, fp32 on CPU).")]
+LimitOpt = Annotated[int | None, _option("Data", "Use only the first N usable items.", min=1)]
+ModeOpt = Annotated[str, _option("Scoring", "Prompt layout: plain (FLEX's bigbench text) or chat.")]
+OrdersOpt = Annotated[bool, _option("Scoring", "Average over the three cyclic option orders.")]
+BatchOpt = Annotated[int, _option("Scoring", "Prompts per forward pass (halved on out-of-memory).", min=1)]
+JsonOpt = Annotated[bool, typer.Option("--json", rich_help_panel="Output",
+                                       help="Print the score as JSON instead of the table.")]
 
 
 @contextmanager
@@ -82,82 +90,88 @@ def _run_dir(out: Path | None, default_name: str) -> Path:
 @app.command()
 def evaluate(
     model: ModelOpt = "smollm2",
-    data: Annotated[str | None, typer.Option(help="BBQ .jsonl, FLEX .csv, or 'seed'.")] = None,
-    split: Annotated[Path | None, typer.Option(help="A split written by `flexsearch search` to re-score.")] = None,
-    out: Annotated[Path | None, typer.Option(help="Run directory (default runs/<data>-eval).")] = None,
+    data: Annotated[str | None, typer.Option(rich_help_panel="Data", help="BBQ .jsonl, FLEX .csv, or 'seed'.")] = None,
+    split: Annotated[Path | None, typer.Option(rich_help_panel="Data",
+                                               help="A split written by `flexsearch search` to re-score.")] = None,
+    out: Annotated[Path | None, typer.Option(rich_help_panel="Output",
+                                             help="Run directory (default runs/<data>-eval).")] = None,
+    json_output: JsonOpt = False,
     limit: LimitOpt = None,
     adapter: AdapterOpt = None,
     device: DeviceOpt = None,
     dtype: DtypeOpt = None,
+    trust_remote_code: TrustOpt = False,
     mode: ModeOpt = "plain",
     average_orders: OrdersOpt = True,
     batch_size: BatchOpt = 16,
-    trust_remote_code: bool = False,
 ) -> None:
     """Score items clean (or re-score an emitted split) and report accuracy, bias and confounds."""
     from flexsearch import api
-    from flexsearch.config import Origins, ScoringConfig, check_settings
 
     with user_errors():
-        if (data is None) == (split is None):
-            raise FlexsearchError("give exactly one of --data or --split")
-        target = dict(model=model, adapter=adapter, device=device, dtype=dtype, trust_remote_code=trust_remote_code)
-        scoring = dict(mode=mode, average_orders=average_orders, batch_size=batch_size)
-        origins = Origins()
-        for key in scoring:
-            origins.set(f"scoring.{key}", f"--{key.replace('_', '-')}")
-        check_settings(ScoringConfig, scoring, origins, "scoring.")
-        if split is not None:
-            run = _run_dir(out, f"{split.parent.name}-on-{Path(model).stem}")
-            table = api.evaluate_split(split, run, target, scoring, limit=limit)
-        else:
-            run = _run_dir(out, f"{Path(str(data)).stem}-eval")
-            table = api.evaluate_data(str(data), run, target, scoring, limit=limit)
-    typer.echo(table)
-    typer.echo(f"wrote {run}/score.json")
+        target = api.Target(model, adapter, device, dtype, trust_remote_code)
+        result = api.evaluate(data, split=split, model=target, out=out, limit=limit, mode=mode,
+                              average_orders=average_orders, batch_size=batch_size)
+    _print_result(result, json_output)
+
+
+def _print_result(result: Any, json_output: bool) -> None:
+    """The table and the files written, or (--json) the score as JSON on stdout."""
+    if json_output:
+        import json
+
+        typer.echo(json.dumps(result.score.to_dict(), indent=2))
+        return
+    typer.echo(result.table)
+    typer.echo(f"wrote {result.run_dir}: {', '.join(sorted(result.files))}")
 
 
 @app.command()
 def search(
     model: ModelOpt = "smollm2",
-    data: Annotated[str, typer.Option(help="BBQ .jsonl, FLEX .csv, or 'seed'.")] = "seed",
-    config: Annotated[str, typer.Option(help="Preset name in configs/ (default, flex, textbugger, bert_attack, "
-                                             "templates_only) or a YAML path.")] = "default",
-    budget: Annotated[int | None, typer.Option(help="Prompts scored per item and objective.")] = None,
-    out: Annotated[Path | None, typer.Option(help="Run directory (default runs/<data>-<config>); "
-                                                  "an existing one resumes.")] = None,
+    data: Annotated[str, typer.Option(rich_help_panel="Data", help="BBQ .jsonl, FLEX .csv, or 'seed'.")] = "seed",
     limit: LimitOpt = None,
-    method: Annotated[str | None, typer.Option(help="greedy, beam or evolutionary.")] = None,
-    objective: Annotated[str | None, typer.Option(help="stereotype, anti_stereotype or untargeted.")] = None,
-    control: Annotated[bool | None, typer.Option(help="Also run the counter-stereotype control.")] = None,
-    seed: Annotated[int | None, typer.Option(help="Random seed.")] = None,
-    set_: Annotated[list[str] | None, typer.Option("--set", help="Override a config key: key=value "
-                                                                  "(e.g. scoring.batch_size=8).")] = None,
-    backend: Annotated[str, typer.Option(help="local, or ray to spread items over Ray workers.")] = "local",
-    ray_address: Annotated[str | None, typer.Option(help="Join this Ray cluster (default: start a local one).")] = None,
-    workers: Annotated[int, typer.Option(min=1, help="Ray workers (each loads the model once).")] = 2,
-    gpus_per_worker: Annotated[float, typer.Option(min=0, help="GPUs per Ray worker (0: CPU).")] = 0,
+    config: Annotated[str, typer.Option(rich_help_panel="Search", help="Preset name (see `flexsearch list "
+                                        "--presets`) or a YAML path.")] = "default",
+    budget: Annotated[int | None, typer.Option(rich_help_panel="Search", help="Prompts scored per item and objective "
+                                               "(default preset: 40).")] = None,
+    method: Annotated[str | None, typer.Option(rich_help_panel="Search", help="greedy, beam or evolutionary "
+                                               "(default preset: beam).")] = None,
+    objective: Annotated[str | None, typer.Option(rich_help_panel="Search", help="stereotype, anti_stereotype or "
+                                                  "untargeted (default preset: stereotype).")] = None,
+    control: Annotated[bool | None, typer.Option(rich_help_panel="Search", help="Also run the counter-stereotype "
+                                                 "control (default preset: on).")] = None,
+    seed: Annotated[int | None, typer.Option(rich_help_panel="Search", help="Random seed.")] = None,
+    set_: Annotated[list[str] | None, typer.Option("--set", rich_help_panel="Search", help="Override a config key: "
+                                                   "key=value; scoring.mode=chat, scoring.batch_size=8 and the "
+                                                   "other scoring.* keys set the scoring.")] = None,
+    out: Annotated[Path | None, typer.Option(rich_help_panel="Output", help="Run directory (default "
+                                             "runs/<data>-<config>); an existing one resumes.")] = None,
+    json_output: JsonOpt = False,
+    backend: Annotated[str, typer.Option(rich_help_panel="Ray", help="local, or ray to spread items over Ray "
+                                         "workers.")] = "local",
+    ray_address: Annotated[str | None, typer.Option(rich_help_panel="Ray", help="Join this Ray cluster (default: "
+                                                    "start a local one).")] = None,
+    workers: Annotated[int, typer.Option(min=1, rich_help_panel="Ray", help="Ray workers (each loads the model "
+                                         "once).")] = 2,
+    gpus_per_worker: Annotated[float, typer.Option(min=0, rich_help_panel="Ray", help="GPUs per Ray worker "
+                                                   "(0: CPU).")] = 0,
     adapter: AdapterOpt = None,
     device: DeviceOpt = None,
     dtype: DtypeOpt = None,
-    trust_remote_code: bool = False,
+    trust_remote_code: TrustOpt = False,
 ) -> None:
     """Search adversarial prompts per item; write the FLEX-style split and the robustness score."""
     from flexsearch import api
-    from flexsearch.config import load_config
 
     with user_errors():
-        resolved = load_config(config, set_, budget=budget, method=method, objective=objective, control=control,
-                               seed=seed)
-        run = _run_dir(out, f"{Path(data).stem}-{Path(config).stem}")
-        target = dict(model=model, adapter=adapter, device=device, dtype=dtype, trust_remote_code=trust_remote_code)
         if backend not in ("local", "ray"):
-            raise FlexsearchError(f"unknown backend '{backend}' (choose local or ray)")
-        ray = ({"workers": workers, "address": ray_address, "gpus_per_worker": gpus_per_worker}
-               if backend == "ray" else None)
-        table = api.search(data, run, target, resolved, limit=limit, ray=ray)
-    typer.echo(table)
-    typer.echo(f"wrote {run}/split.csv, split.jsonl, score.json, trace.jsonl, config.yaml")
+            raise FlexsearchError(f"--backend: unknown backend '{backend}' (choose local or ray)")
+        ray = api.RayOptions(workers, ray_address, gpus_per_worker) if backend == "ray" else None
+        result = api.search(data, model=api.Target(model, adapter, device, dtype, trust_remote_code), out=out,
+                            config=config, overrides=set_ or [], budget=budget, method=method, objective=objective,
+                            control=control, seed=seed, limit=limit, ray=ray)
+    _print_result(result, json_output)
 
 
 @app.command()
@@ -186,7 +200,7 @@ def compare(
     from flexsearch import api
 
     with user_errors():
-        typer.echo(api.compare(run_a, run_b, out))
+        typer.echo(api.compare(run_a, run_b, out).table)
 
 
 @app.command()
@@ -242,7 +256,8 @@ def finetune(
     with user_errors():
         config = FinetuneConfig(
             policy=policy, planted_categories=[c.strip() for c in planted_categories.split(",") if c.strip()],
-            steps=steps, batch_items=batch_items, orders_per_item=orders_per_item, learning_rate=learning_rate, warmup_steps=warmup_steps, rank=rank,
+            steps=steps, batch_items=batch_items, orders_per_item=orders_per_item, learning_rate=learning_rate,
+            warmup_steps=warmup_steps, rank=rank,
             target_modules=[m.strip() for m in target_modules.split(",") if m.strip()],
             disambig_share=disambig_share, prefix_share=prefix_share, eval_share=eval_share, split_seed=split_seed,
             seed=seed, autocast_bf16=autocast_bf16)
@@ -321,8 +336,21 @@ def export(
 
 
 @app.command("list")
-def list_registered() -> None:
-    """Show registered attack operators, constraints, objectives and search methods."""
+def list_registered(
+    presets: Annotated[bool, typer.Option("--presets", help="Print every shipped preset fully resolved "
+                                                             "(defaults filled in) instead.")] = False,
+) -> None:
+    """Show model aliases, label policies, operators, constraints, objectives and search methods."""
+    if presets:
+        import yaml
+
+        from flexsearch.config import config_dict, load_config, preset_names
+
+        with user_errors():
+            resolved = {name: config_dict(load_config(name)) for name in preset_names()}
+        for name, settings in resolved.items():
+            typer.echo(f"# {name}\n{yaml.safe_dump(settings, sort_keys=False).rstrip()}\n")
+        return
     from flexsearch.api import registries
 
     for kind, entries in registries().items():

@@ -82,6 +82,12 @@ def preset_path(name_or_path: str) -> Path:
     return packaged_yaml(name_or_path)
 
 
+def preset_names() -> list[str]:
+    """The presets shipped in configs/."""
+    return sorted(p.name.removesuffix(".yaml") for p in resources.files("flexsearch.configs").iterdir()
+                  if p.name.endswith(".yaml"))
+
+
 def read_yaml(path: Path) -> tuple[Any, dict[str, int]]:
     """A YAML file's data and the line of every mapping key (dotted for nested keys, 1-based).
 

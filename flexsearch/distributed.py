@@ -27,8 +27,8 @@ class SearchWorker:
     """One Ray actor: a loaded target model and scorer that searches chunks of items."""
 
     def __init__(self, target: dict[str, Any], config: dict[str, Any], objective: str) -> None:
-        from flexsearch.api import build_scorer
-        from flexsearch.search import build_context
+        from flexsearch.scoring import build_scorer
+        from flexsearch.search_loop import build_context
 
         search_config = load_config(None, None, **{k: v for k, v in config.items()})
         self.scorer = build_scorer(dict(target), config["scoring"])
@@ -36,7 +36,7 @@ class SearchWorker:
         self.objective = objective
 
     def search(self, items: list[Item]) -> list[dict[str, Any]]:
-        from flexsearch.search import run_search
+        from flexsearch.search_loop import run_search
 
         return [o.to_record() for o in run_search(items, self.ctx, self.objective)]
 
@@ -98,8 +98,9 @@ def search_on_ray(
                     if attack_eligible(goal, by_id[r["item_id"]], r["clean_probs"])]
             rate = sum(r["queries"] for r in finished) / max(time.perf_counter() - started, 1e-9)
             progress.update(len(records))
-            progress.set_postfix(ASR=f"{sum(wins) / len(wins):.2f}" if wins else "-", q_per_s=f"{rate:.1f}",
-                                 workers=len(idle) + len(in_flight), retries=retries)
+            progress.set_postfix({f"ASR({objective})": f"{sum(wins) / len(wins):.2f}" if wins else "-",
+                                  "q_per_s": f"{rate:.1f}", "workers": len(idle) + len(in_flight),
+                                  "retries": retries})
     for actor in actors:
         ray.kill(actor)
     return retries

@@ -321,7 +321,8 @@ The hardest prompt flexsearch found per item against one target model, exported 
 | rows | {about['rows']} |
 | target model | `{model.get('model')}` (adapter `{model.get('adapter')}`, GGUF sha256 `{model.get('gguf_sha256')}`) |
 | data | `{about['data']}` (sha256 `{about['data_sha256']}`) |
-| search | {about['method']}, objective {about['objective']}, budget {about['budget']} prompts per item, seed {about['seed']} |
+| search | {about['method']}, objective {about['objective']}, budget {about['budget']} prompts per item, \
+seed {about['seed']} |
 | searched | {about['run_created']} |
 | exported | {about['exported']} with flexsearch {about['flexsearch']} |
 | license | {license_text} |

@@ -146,3 +146,27 @@ def per_category(items: Sequence[Item], compute: Callable[[np.ndarray], dict[str
     """compute(indices of one category) for every category, sorted by name."""
     categories = np.array([it.category for it in items])
     return {cat: compute(np.flatnonzero(categories == cat)) for cat in sorted(set(categories))}
+
+
+# Which way is better, per metric key (None: neither; bias scores and the gap are best at 0,
+# abstention is a confound).
+HIGHER_IS_BETTER: dict[str, bool | None] = {
+    "accuracy": True, "accuracy_ambig": True, "accuracy_disambig": True, "abstention_rate": None,
+    "mean_p_target": False, "mean_p_target_clean": False, "mean_p_target_attacked": False,
+    "mean_p_target_shift": False, "asr": False, "s_dis": None, "s_amb": None, "fairness_gap": None,
+}
+
+
+def with_directions(score: Any) -> Any:
+    """The score with `higher_is_better` added to every metric (a dict with a value and an interval)."""
+    if isinstance(score, list):
+        return [with_directions(v) for v in score]
+    if not isinstance(score, dict):
+        return score
+    out = {}
+    for key, value in score.items():
+        value = with_directions(value)
+        if key in HIGHER_IS_BETTER and isinstance(value, dict) and "ci" in value:
+            value = {**value, "higher_is_better": HIGHER_IS_BETTER[key]}
+        out[key] = value
+    return out

@@ -15,7 +15,7 @@ matplotlib.use("Agg")  # files only; no display on these machines
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from flexsearch.compare import load_run  # noqa: E402
+from flexsearch.comparison import load_run  # noqa: E402
 from flexsearch.errors import FlexsearchError  # noqa: E402
 from flexsearch.metrics import dig, metric_text  # noqa: E402
 from flexsearch.runio import atomic_write_text, read_json, read_jsonl  # noqa: E402

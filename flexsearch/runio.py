@@ -6,9 +6,13 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import shlex
 import shutil
+import sys
 import tempfile
+import time
 from collections.abc import Iterable
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -125,10 +129,12 @@ SPLIT_JSONL = "split.jsonl"
 SPLIT_CSV = "split.csv"
 PREDICTIONS = "predictions.jsonl"
 LOCK = ".lock"
+README = "README.md"
+SCORE_SCHEMA_VERSION = 2  # 2: provenance fields, metric directions
 # Settings that change results, per command: a resumed (or repeated) run must match on each.
 _MODEL_KEYS = ("model.model", "model.adapter", "model.dtype", "model.revision", "model.gguf_sha256")
 RESULT_KEYS = {
-    "search": ("data", "data_sha256", "limit", "search", *_MODEL_KEYS),
+    "search": ("data", "data_sha256", "limit", "scoring", "search", *_MODEL_KEYS),
     "evaluate": ("data", "split", "data_sha256", "limit", "scoring", *_MODEL_KEYS),
 }
 _LOADED_ONLY = ("model.gguf_sha256",)  # known only once the model has loaded (its file is hashed then)
@@ -216,8 +222,61 @@ class RunDirectory:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
-        if self._created and exc[0] is not None and {p.name for p in self.path.iterdir()} <= {CONFIG}:
+        if self._created and exc[0] is not None and {p.name for p in self.path.iterdir()} <= {CONFIG, README}:
             shutil.rmtree(self.path)  # a command that failed before any result leaves no directory behind
 
     def write_config(self, resolved: dict[str, Any]) -> None:
         atomic_write_yaml(self.path / CONFIG, resolved)
+        atomic_write_text(self.path / README, run_readme(self.command))
+
+    def write_score(self, score: dict[str, Any], started: float) -> dict[str, Any]:
+        """Writes score.json with its provenance header; returns what was written."""
+        from flexsearch.metrics import with_directions
+
+        full = {"schema_version": SCORE_SCHEMA_VERSION, "command": self.command,
+                "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                "duration_s": round(time.time() - started, 1),
+                "invocation": " ".join(shlex.quote(a) for a in [Path(sys.argv[0]).name, *sys.argv[1:]]),
+                "versions": software_versions(), **with_directions(score)}
+        atomic_write_json(self.path / SCORE, full)
+        return full
+
+    def files(self) -> dict[str, Path]:
+        """Name → path of every result file the directory holds."""
+        return {name: self.path / name for name in FILE_DESCRIPTIONS if (self.path / name).is_file()}
+
+
+FILE_DESCRIPTIONS = {
+    README: "this file",
+    CONFIG: "every setting that decides the results (data and its SHA-256, model and file hash, search or "
+            "scoring settings, versions); a rerun with the same settings resumes",
+    SCORE: "the score: accuracy, ASR, control, fairness gap, verdict, overall and per category; every rate "
+           "has its interval, denominator n and higher_is_better",
+    SPLIT_JSONL: "the hardest prompt found per item, FLEX columns plus flexsearch's own (one JSON object a line)",
+    SPLIT_CSV: "the same split as CSV (list columns as JSON text); loads in pandas and FLEX-style harnesses",
+    TRACE: "append-only log of finished items (the resume point); a torn last line is dropped",
+    PREDICTIONS: "per item: answer probabilities, prediction, correctness",
+    LOCK: "present while a flexsearch process writes here (holds its pid)",
+}
+_WRITES = {"search": (README, CONFIG, SCORE, SPLIT_JSONL, SPLIT_CSV, TRACE, LOCK),
+           "evaluate": (README, CONFIG, SCORE, PREDICTIONS, LOCK)}
+
+
+def run_readme(command: str) -> str:
+    """The short README.md each run directory carries, naming its files."""
+    rows = "".join(f"- `{name}`: {FILE_DESCRIPTIONS[name]}\n" for name in _WRITES.get(command, (README, CONFIG)))
+    return (f"# A flexsearch {command} run\n\nWritten by `flexsearch {command}`. Files:\n\n{rows}\n"
+            "`flexsearch report THIS_FOLDER` renders it as HTML; `flexsearch export THIS_FOLDER DIR` "
+            "(search runs) writes it for lm-evaluation-harness or as parquet.\n")
+
+
+def software_versions() -> dict[str, str]:
+    import platform
+
+    import torch
+    import transformers
+
+    import flexsearch
+
+    return {"flexsearch": flexsearch.__version__, "torch": str(torch.__version__),
+            "transformers": transformers.__version__, "python": platform.python_version()}

@@ -13,19 +13,17 @@ import copy
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import Any
 
 import numpy as np
 import torch
 
 from flexsearch.candidate import Candidate
+from flexsearch.config import ScoringConfig
 from flexsearch.errors import FlexsearchError
 from flexsearch.items import Item
-from flexsearch.model import TargetModel
+from flexsearch.model import TargetModel, load_target
 from flexsearch.render import LETTERS, PromptFormat, cyclic_orders, render
-
-if TYPE_CHECKING:
-    from flexsearch.config import ScoringConfig
 
 
 @dataclass
@@ -218,6 +216,13 @@ class Scorer:
         ).logits[:, -1, :]
         letters = logits[:, self.letter_ids].float()
         return torch.softmax(letters, dim=-1).cpu().numpy().astype(np.float64)
+
+
+def build_scorer(target: dict[str, Any], scoring: dict[str, Any]) -> Scorer:
+    """Loads the target model (`target` holds load_target's arguments) and wraps it in a scorer."""
+    arguments = dict(target)
+    model = load_target(arguments.pop("model"), **arguments)
+    return Scorer.from_config(model, ScoringConfig(**scoring))
 
 
 def left_padded(sequences: Sequence[Sequence[int]], pad_id: int,

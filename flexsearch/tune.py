@@ -43,7 +43,7 @@ from flexsearch.model import TargetModel
 from flexsearch.objectives import Objective, attack_eligible, get_objective
 from flexsearch.runio import atomic_write_json, atomic_write_text, atomic_write_yaml
 from flexsearch.scoring import Scorer
-from flexsearch.search import ItemOutcome, build_context, run_search
+from flexsearch.search_loop import ItemOutcome, build_context, run_search
 
 STUDY_NAME = "flexsearch"
 QUERY_TIE_BREAK = 1e-3  # value = ASR − this × mean queries / budget: equal ASR, fewer queries wins

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from flexsearch import api
 from flexsearch.cli import app
-from flexsearch.compare import compare_runs, holm
+from flexsearch.comparison import compare_runs, holm
 from flexsearch.config import load_config
 from flexsearch.errors import FlexsearchError
 from flexsearch.items import load_items
@@ -86,7 +86,7 @@ def two_tiny_runs(tiny_model_dir, tmp_path_factory) -> list[Path]:
         config = load_config("default", ["constraints=[protected_spans]", "operators=[{name: persona, n: 2}, "
                                          "{name: instruction, n: 2}]"], budget=10, seed=seed)
         out = tmp_path_factory.mktemp("report") / f"run{seed}"
-        api.search("seed", out, {"model": str(tiny_model_dir), "device": "cpu"}, config, limit=12)
+        api.search("seed", model=api.Target(str(tiny_model_dir), device="cpu"), out=out, config=config, limit=12)
         runs.append(out)
     return runs
 

@@ -37,14 +37,14 @@ def read(run: Path, name: str) -> list[dict]:
 
 def test_two_workers_match_the_single_process_run(tiny_model_dir, tmp_path):
     config = load_config("default", SETTINGS, budget=10)
-    target = {"model": str(tiny_model_dir), "device": "cpu"}
+    target = api.Target(str(tiny_model_dir), device="cpu")
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as in a one-CPU Ray worker, so both runs do the same float arithmetic
     try:
-        api.search("seed", tmp_path / "local", target, config, limit=8)
+        api.search("seed", model=target, out=tmp_path / "local", config=config, limit=8)
     finally:
         torch.set_num_threads(threads)
-    api.search("seed", tmp_path / "ray", target, config, limit=8, ray={"workers": 2})
+    api.search("seed", model=target, out=tmp_path / "ray", config=config, limit=8, ray=api.RayOptions(workers=2))
     local, distributed = read(tmp_path / "local", "split.jsonl"), read(tmp_path / "ray", "split.jsonl")
     assert [r["attack_chain"] for r in local] == [r["attack_chain"] for r in distributed]
     assert [r["queries"] for r in local] == [r["queries"] for r in distributed]
@@ -60,9 +60,10 @@ def test_two_workers_match_the_single_process_run(tiny_model_dir, tmp_path):
 def test_a_killed_worker_loses_nothing(tiny_model_dir, tmp_path):
     config = load_config("default", [*SETTINGS[:2], "item_batch=1"], budget=12)
     run = tmp_path / "killed"
-    target = {"model": str(tiny_model_dir), "device": "cpu"}
-    search = threading.Thread(target=api.search, args=("seed", run, target, config),
-                              kwargs={"limit": 16, "ray": {"workers": 2}})
+    target = api.Target(str(tiny_model_dir), device="cpu")
+    search = threading.Thread(target=api.search, args=("seed",),
+                              kwargs={"model": target, "out": run, "config": config, "limit": 16,
+                                      "ray": api.RayOptions(workers=2)})
     search.start()
     deadline = time.time() + 300
     while time.time() < deadline and (not (run / "trace.jsonl").exists()

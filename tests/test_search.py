@@ -24,7 +24,7 @@ from flexsearch.errors import FlexsearchError
 from flexsearch.items import load_items
 from flexsearch.render import render
 from flexsearch.scoring import Scorer
-from flexsearch.search import build_context, run_search
+from flexsearch.search_loop import build_context, run_search
 from flexsearch.split import load_split
 
 runner = CliRunner()

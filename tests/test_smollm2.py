@@ -27,7 +27,7 @@ def test_smollm2_search_split_rescores(smollm2, tmp_path):
     config = load_config("default", ["operators=[{name: persona, n: 2}, {name: instruction, n: 2}]",
                                      "constraints=[protected_spans]"], budget=5, steps=1)
     out = tmp_path / "smol"
-    table = api.search("seed", out, {"model": "smollm2", "device": "cpu"}, config, limit=3)
+    table = api.search("seed", model=api.Target("smollm2", device="cpu"), out=out, config=config, limit=3).table
     assert "fairness gap" in table
     score = json.loads((out / "score.json").read_text())
     assert score["model"]["gguf_sha256"] and score["anti_stereotype"]["queries"]["mean"] <= 5

@@ -16,7 +16,17 @@ import numpy as np
 
 from flexsearch.errors import FlexsearchError
 from flexsearch.metrics import BOOTSTRAP_SAMPLES
-from flexsearch.runio import CONFIG, PREDICTIONS, SPLIT_JSONL, RunDirectory, read_json, read_jsonl, read_log
+from flexsearch.runio import (
+    CONFIG,
+    PREDICTIONS,
+    SCORE,
+    SPLIT_JSONL,
+    TRACE,
+    RunDirectory,
+    read_json,
+    read_jsonl,
+    read_log,
+)
 
 
 @dataclass
@@ -53,16 +63,16 @@ def _scoring_of(run: Path) -> dict[str, Any]:
     config = RunDirectory(run, "compare").previous_config()
     if config is None:
         raise FlexsearchError(f"{run} is not a run directory (no {CONFIG})")
-    scoring = config.get("search", {}).get("scoring") or config.get("scoring") or {}
+    scoring = config.get("scoring") or {}
     return {"mode": scoring.get("mode", "plain"), "average_orders": scoring.get("average_orders", True)}
 
 
 def load_run(run: Path) -> RunTable:
     """The per-item table of a search or evaluate run directory."""
     scoring = _scoring_of(run)
-    if (run / "trace.jsonl").exists() and (run / "split.jsonl").exists():
+    if (run / TRACE).exists() and (run / SPLIT_JSONL).exists():
         rows = read_jsonl(run / SPLIT_JSONL)
-        outcomes = {(r["objective"], r["item_id"]): r for r in read_log(run / "trace.jsonl") if r.get("kind") == "item"}
+        outcomes = {(r["objective"], r["item_id"]): r for r in read_log(run / TRACE) if r.get("kind") == "item"}
         objective = rows[0]["objective"]
 
         def probs(obj: str, key: str) -> np.ndarray | None:
@@ -71,15 +81,15 @@ def load_run(run: Path) -> RunTable:
 
         clean, attacked = probs(objective, "clean_probs"), probs(objective, "best_probs")
         control, control_clean = probs("anti_stereotype", "best_probs"), probs("anti_stereotype", "clean_probs")
-    elif (run / "predictions.jsonl").exists():
+    elif (run / PREDICTIONS).exists():
         rows = read_jsonl(run / PREDICTIONS)
         clean = np.array([r["probs"] for r in rows])
         attacked = np.array([r["attacked_probs"] for r in rows]) if rows and "attacked_probs" in rows[0] else None
         control = control_clean = None
     else:
-        raise FlexsearchError(f"{run}: no split.jsonl/trace.jsonl or predictions.jsonl to compare")
+        raise FlexsearchError(f"{run}: no {SPLIT_JSONL}/{TRACE} or {PREDICTIONS} to compare")
     if clean is None:
-        raise FlexsearchError(f"{run}: the search has not finished (trace.jsonl lacks items)")
+        raise FlexsearchError(f"{run}: the search has not finished ({TRACE} lacks items)")
     return RunTable(run, scoring, [r["item_id"] for r in rows], np.array([r["category"] for r in rows]),
                     *(np.array([r[k] for r in rows]) for k in ("gold", "target", "anti_target", "unknown")),
                     clean=clean, attacked=attacked, control=control, control_clean=control_clean)
@@ -173,7 +183,7 @@ def holm(p_values: list[float | None], alpha: float = 0.05) -> list[bool]:
 
 def _verdicts(run: Path) -> dict[str, str]:
     """Verdict per group ('overall' and each category) from a run's score.json; empty without one."""
-    path = run / "score.json"
+    path = run / SCORE
     if not path.exists():
         return {}
     score = read_json(path)

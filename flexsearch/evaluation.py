@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -12,7 +11,6 @@ from tqdm.auto import tqdm
 from flexsearch.candidate import Candidate
 from flexsearch.items import Item
 from flexsearch.metrics import clean_metrics, metric_text, per_category
-from flexsearch.runio import atomic_write_json, atomic_write_jsonl
 from flexsearch.scoring import Scorer, Scores
 
 PROGRESS_CHUNK = 32  # candidates per progress-bar step; the scorer batches within each chunk
@@ -57,15 +55,12 @@ def prediction_rows(items: Sequence[Item], scores: Scores) -> list[dict[str, Any
     return rows
 
 
-def evaluate_items(scorer: Scorer, items: Sequence[Item], out: Path | None = None,
-                   extra: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Scores every item clean; writes predictions.jsonl and score.json under `out` when given."""
+def evaluate_items(scorer: Scorer, items: Sequence[Item],
+                   extra: dict[str, Any] | None = None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Scores every item clean: the score (after `extra`) and the per-item prediction rows."""
     scores = score_all(scorer, [Candidate.root(it) for it in items], desc="evaluate")
     score = {**(extra or {}), **metrics_for(items, scores), "queries": scorer.queries}
-    if out is not None:
-        atomic_write_jsonl(out / "predictions.jsonl", prediction_rows(items, scores))
-        atomic_write_json(out / "score.json", score)
-    return score
+    return score, prediction_rows(items, scores)
 
 
 def format_table(score: dict[str, Any], columns: Sequence[tuple[str, str]]) -> str:

@@ -326,5 +326,6 @@ def run_search(
             rate = (scorer.queries - start_queries) / max(time.perf_counter() - started, 1e-9)
             wins = [o.success for o in outcomes if attack_eligible(ctx.objective, o.item, o.clean_probs)]
             progress.update(len(batch))
-            progress.set_postfix(ASR=f"{np.mean(wins):.2f}" if wins else "-", q_per_s=f"{rate:.1f}")
+            progress.set_postfix({f"ASR({objective_name})": f"{np.mean(wins):.2f}" if wins else "-",
+                                  "q_per_s": f"{rate:.1f}"})
     return outcomes
