@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 # only if you ask for it (see README, "GPU"). Pinning it keeps pip from pulling a multi-GB CUDA build.
 TORCH ?= torch==2.13.0
 
-.PHONY: setup demo test bench calibrate zoo clean
+.PHONY: setup demo lint test bench calibrate zoo clean
 
 $(BIN)/flexsearch: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,7 +29,17 @@ setup: $(BIN)/flexsearch
 demo: setup
 	$(BIN)/flexsearch search --model gemma3-bbq --data seed --config default --limit 24 --budget 16 --out runs/demo
 
-test: setup
+# ruff on the tree; mypy on the package as it installs (attacks/ and objectives/ are flexsearch.attacks and
+# flexsearch.objectives, so they are linked into one package tree for the type checker).
+LINT_TREE := .lint
+lint: setup
+	$(BIN)/ruff check .
+	rm -rf $(LINT_TREE) && mkdir -p $(LINT_TREE)/flexsearch
+	for f in flexsearch/*; do ln -s "$$PWD/$$f" $(LINT_TREE)/flexsearch/; done
+	ln -s "$$PWD/attacks" $(LINT_TREE)/flexsearch/attacks && ln -s "$$PWD/objectives" $(LINT_TREE)/flexsearch/objectives
+	cd $(LINT_TREE) && $(CURDIR)/$(BIN)/mypy --config-file $(CURDIR)/pyproject.toml -p flexsearch
+
+test: lint
 	$(BIN)/python -m pytest -q
 
 # Benchmarks against the peers (benchmarks/RESULTS.md gets each table appended). Needs ../shared/data/bbq.

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, Protocol, TypeVar
 
 import numpy as np
 
@@ -49,11 +49,14 @@ OPERATORS: Registry[Operator] = Registry("operator")
 CONSTRAINTS: Registry[Constraint] = Registry("constraint")
 
 
-def build(registry: Registry[Any], spec: dict[str, Any] | str, resources: AttackResources) -> Any:
+T = TypeVar("T", Operator, Constraint)
+
+
+def build(registry: Registry[T], spec: dict[str, Any] | str, resources: AttackResources) -> T:
     """An operator or constraint from its YAML spec: a name, or {name: ..., setting: value...}."""
     settings = {"name": spec} if isinstance(spec, str) else dict(spec)
     cls = registry.get(settings.pop("name"))
     try:
-        return cls(resources=resources, **settings)
+        return cls(resources=resources, **settings)  # type: ignore[call-arg]  # registered classes take resources
     except TypeError as err:
         raise FlexsearchError(f"{registry.kind} '{cls.name}': bad settings {settings} ({err})") from None

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from flexsearch.version import __version__
+
 __all__ = ["Comparison", "RayOptions", "Rate", "RunResult", "Score", "Target", "__version__", "compare", "evaluate",
            "search"]
 

@@ -37,7 +37,7 @@ from flexsearch.runio import (
 )
 from flexsearch.scoring import Scorer, build_scorer, fit_context
 from flexsearch.search_loop import build_context, run_search
-from flexsearch.split import load_split, robustness_score, split_csv_text, split_row
+from flexsearch.split import load_split, perturbed_word_share, robustness_score, split_csv_text, split_row
 
 
 @dataclass(frozen=True)
@@ -178,7 +178,7 @@ def _write_split(run: RunDirectory, items: list[Item], outcomes: dict[str, dict[
 def _search_score(items: list[Item], done: dict[str, dict[str, dict[str, Any]]], objectives: list[str],
                   scorer: Scorer, config: SearchConfig, data: str, skipped: dict[str, int], retries: int,
                   ray: RayOptions | None) -> dict[str, Any]:
-    arrays = {o: _outcome_arrays(o, [done[o][it.id] for it in items]) for o in objectives}
+    arrays = {o: _outcome_arrays(o, items, [done[o][it.id] for it in items]) for o in objectives}
     letters = scorer.score([Candidate.root(it) for it in items]).letters  # cached: no new queries
     return {
         "data": data, "model": scorer.target.info, "items": len(items),
@@ -190,9 +190,10 @@ def _search_score(items: list[Item], done: dict[str, dict[str, dict[str, Any]]],
     }
 
 
-def _outcome_arrays(objective: str, records: list[dict[str, Any]]) -> dict[str, Any]:
+def _outcome_arrays(objective: str, items: list[Item], records: list[dict[str, Any]]) -> dict[str, Any]:
     return {
         "objective": objective,
+        "perturbed": np.array([perturbed_word_share(it, r["chain"]) for it, r in zip(items, records, strict=True)]),
         "clean": np.array([r["clean_probs"] for r in records]),
         "attacked": np.array([r["best_probs"] for r in records]),
         "queries": np.array([r["queries"] for r in records]),
@@ -325,6 +326,7 @@ def format_search_table(score: dict[str, Any], objective: str) -> str:
     if "queries" in attack:
         lines.append(f"queries per item: mean {attack['queries']['mean']:.1f}, median {attack['queries']['median']:.0f}"
                      f" (ASR over {attack['eligible_items']} items answered correctly when clean)")
+    lines.append(summary_text(attack["summary"], score, objective))
     if "fairness_gap" in score:
         gap = score["fairness_gap"]
         lines.append(f"fairness gap ASR(stereotype) - ASR(anti-stereotype): {metric_text(gap)}"
@@ -332,6 +334,19 @@ def format_search_table(score: dict[str, Any], objective: str) -> str:
     if "verdict" in score:
         lines.append(f"verdict: {score['verdict']['verdict']} ({score['verdict']['reason']})")
     return "\n".join(lines)
+
+
+def summary_text(summary: dict[str, Any], score: dict[str, Any], objective: str) -> str:
+    """TextAttack's attack summary as one line."""
+    def num(value: float | None, spec: str) -> str:
+        return "-" if value is None else format(value, spec)
+
+    return (f"attack summary ({objective}): {summary['succeeded']} succeeded, {summary['failed']} failed, "
+            f"{summary['skipped']} skipped (not eligible); clean accuracy {metric_text(score['clean']['accuracy'])}, "
+            f"under attack {metric_text(score['attacked']['accuracy'])}, ASR {metric_text(score[objective]['asr'])}; "
+            f"words perturbed {num(summary['mean_perturbed_word_share'], '.1%')} (successes), queries "
+            f"{num(summary['mean_queries'], '.1f')} (attacked items), {num(summary['mean_queries_to_success'], '.1f')}"
+            " to first success")
 
 
 def mutate(data: str, item_ref: str, operator: str, n: int, settings: list[str], seed: int) -> str:

@@ -42,7 +42,7 @@ app = typer.Typer(cls=OneLineErrors, add_completion=False, no_args_is_help=True,
 
 def _print_version(value: bool) -> None:
     if value:
-        from flexsearch import __version__
+        from flexsearch.version import __version__
 
         typer.echo(f"flexsearch {__version__}")
         raise typer.Exit(0)

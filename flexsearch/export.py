@@ -15,8 +15,6 @@ model can read them):
 from __future__ import annotations
 
 import re
-import shutil
-import tempfile
 from collections.abc import Callable
 from dataclasses import replace
 from datetime import datetime, timezone
@@ -34,7 +32,7 @@ from flexsearch.runio import (
     atomic_write_jsonl,
     atomic_write_text,
     read_json,
-    shared_permissions,
+    replace_folder,
 )
 from flexsearch.split import FLEX_COLUMNS, OUR_COLUMNS, Attacked, load_split
 
@@ -64,24 +62,18 @@ def export_run(run: Path, to: str, out: Path, name: str | None = None) -> list[P
     score = read_json(run / SCORE) if (run / SCORE).is_file() else {}
     about = _provenance(run, config, score, len(rows), to, name)
     writer: Callable[[Path, list[Attacked], dict[str, Any]], None] = _lm_eval if to == "lm-eval" else _parquet
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
-        writer(staging, rows, about)
-        atomic_write_json(staging / MARKER, about)
-        shared_permissions(staging)
-        if out.exists():
-            shutil.rmtree(out)
-        staging.rename(out)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
+
+    def fill(folder: Path) -> None:
+        writer(folder, rows, about)
+        atomic_write_json(folder / MARKER, about)
+
+    replace_folder(out, fill)
     return sorted(out.iterdir())
 
 
 def _provenance(run: Path, config: dict[str, Any], score: dict[str, Any], n_rows: int, to: str,
                 name: str) -> dict[str, Any]:
-    from flexsearch import __version__
+    from flexsearch.version import __version__
 
     search = config.get("search", {})
     return {

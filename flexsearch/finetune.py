@@ -14,9 +14,7 @@ shares a template with a training item. The adapter directory records the whole 
 from __future__ import annotations
 
 import shlex
-import shutil
 import sys
-import tempfile
 import time
 import zlib
 from collections.abc import Sequence
@@ -36,7 +34,7 @@ from flexsearch.items import Item
 from flexsearch.model import TargetModel, architecture_fingerprint, check_adapter
 from flexsearch.registry import Registry
 from flexsearch.render import PromptFormat, cyclic_orders, render
-from flexsearch.runio import atomic_write_json, read_json, shared_permissions
+from flexsearch.runio import atomic_write_json, read_json, replace_folder
 from flexsearch.scoring import left_padded, letter_token_ids
 from flexsearch.training_prefixes import TRAINING_PREFIXES
 
@@ -359,9 +357,8 @@ def train_adapter(target: TargetModel, split: TemplateSplit, config: FinetuneCon
 
 def save_adapter(model: PeftModel, out: Path, recipe: dict[str, Any]) -> None:
     """Adapter weights in fp16 (a few MB), its recipe and a card; `out` is replaced in one rename."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
-    try:
+
+    def fill(staging: Path) -> None:
         for config in model.peft_config.values():  # the alias or id, not this machine's conversion cache path
             config.base_model_name_or_path = recipe["base_model"].get("model")
         model.save_pretrained(staging)
@@ -369,13 +366,8 @@ def save_adapter(model: PeftModel, out: Path, recipe: dict[str, Any]) -> None:
         save_file({k: v.half().contiguous() for k, v in load_file(str(weights)).items()}, str(weights))
         atomic_write_json(staging / RECIPE_FILE, recipe)
         (staging / "README.md").write_text(adapter_card(recipe), encoding="utf-8")
-        shared_permissions(staging)
-        if out.exists():
-            shutil.rmtree(out)
-        staging.rename(out)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
+
+    replace_folder(out, fill)
 
 
 def adapter_card(recipe: dict[str, Any]) -> str:

@@ -18,7 +18,15 @@ import numpy as np  # noqa: E402
 from flexsearch.comparison import load_run  # noqa: E402
 from flexsearch.errors import FlexsearchError  # noqa: E402
 from flexsearch.metrics import dig, metric_text  # noqa: E402
-from flexsearch.runio import atomic_write_text, read_json, read_jsonl  # noqa: E402
+from flexsearch.runio import (  # noqa: E402
+    SCORE,
+    SCORE_SCHEMA_VERSION,
+    SPLIT_JSONL,
+    RunDirectory,
+    atomic_write_text,
+    read_json,
+    read_jsonl,
+)
 
 HEADLINE = [("clean accuracy", ("clean", "accuracy")), ("attacked accuracy", ("attacked", "accuracy")),
             ("ASR", ("stereotype", "asr")), ("control ASR", ("anti_stereotype", "asr")),
@@ -26,6 +34,7 @@ HEADLINE = [("clean accuracy", ("clean", "accuracy")), ("attacked accuracy", ("a
             ("disambiguated accuracy", ("clean", "accuracy_disambig")),
             ("abstention", ("clean", "abstention_rate"))]
 HARDEST = 10
+OBJECTIVES = (("stereotype", "-", "stereotype"), ("anti_stereotype", "--", "control (anti-stereotype)"))
 
 
 def png(draw: Callable[[plt.Axes], None], width: float = 6.4, height: float = 3.4) -> str:
@@ -46,78 +55,143 @@ class RunReport:
     """What the report needs from one run directory."""
 
     def __init__(self, run: Path) -> None:
-        score_path = run / "score.json"
+        score_path = run / SCORE
         if not score_path.exists():
-            raise FlexsearchError(f"{run}: no score.json (is it a finished run directory?)")
+            raise FlexsearchError(f"{run}: no {SCORE} (is it a finished run directory?)")
         self.run, self.label = run, _label(run)
         self.score = read_json(score_path)
+        if self.score.get("schema_version") != SCORE_SCHEMA_VERSION:
+            raise FlexsearchError(f"{score_path}: written by an older flexsearch (score schema "
+                                  f"{self.score.get('schema_version', 1)}, this one reads {SCORE_SCHEMA_VERSION}); "
+                                  "rerun the command into a new directory to report it")
         self.table = load_run(run)
-        split = run / "split.jsonl"
+        self.config = RunDirectory(run, "report").previous_config() or {}
+        split = run / SPLIT_JSONL
         self.rows = read_jsonl(split) if split.exists() else []
+
+    def provenance(self) -> dict[str, str]:
+        """Where the numbers come from: model and file hash, adapter, data and hash, items, search settings."""
+        model = self.score.get("model") or self.config.get("model") or {}
+        search = self.config.get("search") or {}
+        versions = self.score.get("versions") or self.config.get("versions") or {}
+        eligible = dig(self.score, ("stereotype", "eligible_items"))
+        control = "on" if search.get("control") else "off"
+        return {
+            "run": str(self.run),
+            "model": str(model.get("model", "?")),
+            "model file sha256": str(model.get("gguf_sha256") or model.get("revision") or "n/a"),
+            "adapter": str(model.get("adapter") or "none"),
+            "data": str(self.config.get("data") or self.config.get("split") or "?"),
+            "data sha256": str(self.config.get("data_sha256", "?")),
+            "items": f"{self.score.get('items', self.score.get('n_items', '?'))} scored"
+                     + (f", {eligible} attack-eligible" if eligible is not None else "")
+                     + f", {self.score.get('skipped', 0)} skipped",
+            "search": (f"{search.get('method')}, objective {search.get('objective')}, budget {search.get('budget')} "
+                       f"prompts per item, seed {search.get('seed')}, control {control}"
+                       if search else "none (evaluation)"),
+            "date": str(self.score.get("created", "?")),
+            "versions": ", ".join(f"{k} {v}" for k, v in versions.items()) or "?",
+        }
+
+
+def _cell(metric: dict[str, Any] | None) -> str:
+    """A metric with its interval and denominator."""
+    text = metric_text(metric, digits=3, missing="n/a")
+    return text if not metric or metric.get("n") is None else f"{text} (n={metric['n']})"
 
 
 def _headline_rows(reports: list[RunReport]) -> list[list[str]]:
-    return [[r.label, *(metric_text(dig(r.score, path), digits=3, missing="n/a") for _, path in HEADLINE),
+    return [[r.label, *(_cell(dig(r.score, path)) for _, path in HEADLINE),
              dig(r.score, ("verdict", "verdict")) or "n/a"] for r in reports]
+
+
+def _no_data(ax: plt.Axes, what: str) -> None:
+    ax.text(0.5, 0.5, f"no {what} in these runs", ha="center", va="center", transform=ax.transAxes, color="grey")
 
 
 def _verdict_rows(report: RunReport) -> list[list[str]]:
     """(group, verdict, reason) overall and per category, for a run whose score has verdicts."""
     groups = [("overall", report.score), *report.score.get("per_category", {}).items()]
-    return [[name, block["verdict"]["verdict"], block["verdict"]["reason"]] for name, block in groups
-            if "verdict" in block]
+    return [[name, str(dig(block, ("clean", "n_items"))), block["verdict"]["verdict"], block["verdict"]["reason"]]
+            for name, block in groups if "verdict" in block]
 
 
 def _figures(reports: list[RunReport]) -> dict[str, str]:
     figures: dict[str, str] = {}
 
     def budget_curves(ax: plt.Axes) -> None:
+        drawn = False
         for r in reports:
-            for objective, style in (("stereotype", "-"), ("anti_stereotype", "--")):
+            for objective, style, name in OBJECTIVES:
                 curve = dig(r.score, (objective, "asr_vs_budget")) or {}
-                points = [(int(b), v) for b, v in curve.items() if v is not None]
-                if points:
-                    xs, ys = zip(*sorted(points), strict=True)
-                    ax.plot(xs, ys, style, marker="o", label=f"{r.label} {objective}")
+                points = sorted((int(b), m) for b, m in curve.items() if m.get("value") is not None)
+                if not points:
+                    continue
+                xs = [b for b, _ in points]
+                line, = ax.plot(xs, [m["value"] for _, m in points], style, marker="o",
+                                label=f"{r.label} {name} (n={points[-1][1]['n']})")
+                ax.fill_between(xs, [m["ci"][0] for _, m in points], [m["ci"][1] for _, m in points],
+                                color=line.get_color(), alpha=0.15)
+                drawn = True
+        if not drawn:
+            _no_data(ax, "search results")
+        ax.axhline(0, color="black", linewidth=0.8)
         ax.set_xscale("log")
         ax.set_xlabel("query budget (prompts scored per item)")
-        ax.set_ylabel("ASR")
-        ax.set_ylim(0, 1)
-        ax.legend(fontsize=7)
+        ax.set_ylabel("ASR (95% Wilson band)")
+        ax.set_ylim(-0.04, 1.04)  # a curve at 0 or 1 stays visible above the frame
+        if drawn:
+            ax.legend(fontsize=7)
 
     figures["ASR vs query budget"] = png(budget_curves)
 
     def category_bars(ax: plt.Axes) -> None:
         categories = sorted({c for r in reports for c in r.score.get("per_category", {})})
-        width = 0.8 / max(1, len(reports))
-        for k, r in enumerate(reports):
-            values, lows, highs = [], [], []
+        series = [(r, objective, name) for r in reports for objective, _, name in OBJECTIVES
+                  if any(dig(r.score, ("per_category", c, objective, "asr")) for c in categories)]
+        if not series:
+            _no_data(ax, "per-category ASR")
+        width = 0.8 / max(1, len(series))
+        for k, (r, objective, name) in enumerate(series):
+            values, lows, highs, labels = [], [], [], []
             for c in categories:
-                m = dig(r.score, ("per_category", c, "stereotype", "asr")) or {}
+                m = dig(r.score, ("per_category", c, objective, "asr")) or {}
                 v = m.get("value")
                 lo, hi = m.get("ci", [None, None])
-                values.append(np.nan if v is None else v)
+                values.append(0 if v is None else v)
                 lows.append(0 if v is None or lo is None else v - lo)
                 highs.append(0 if v is None or hi is None else hi - v)
+                labels.append("n/a" if v is None else f"{v:.2f}\nn={m.get('n')}")
             xs = np.arange(len(categories)) + k * width
-            ax.bar(xs, values, width, yerr=[lows, highs], capsize=2, label=r.label)
-        ax.set_xticks(np.arange(len(categories)) + width * (len(reports) - 1) / 2, categories, rotation=30,
+            bars = ax.bar(xs, values, width, yerr=[lows, highs], capsize=2, label=f"{r.label} {name}",
+                          hatch="//" if objective == "anti_stereotype" else None, alpha=0.85)
+            ax.bar_label(bars, labels=labels, fontsize=6, padding=2)
+        ax.axhline(0, color="black", linewidth=0.8)
+        ax.set_xticks(np.arange(len(categories)) + width * (len(series) - 1) / 2, categories, rotation=30,
                       ha="right", fontsize=7)
-        ax.set_ylabel("ASR (95% CI)")
-        ax.set_ylim(0, 1)
-        ax.legend(fontsize=7)
+        ax.set_ylabel("ASR (95% Wilson interval)")
+        ax.set_ylim(0, 1.15)
+        if series:
+            ax.legend(fontsize=7)
 
-    figures["ASR per category"] = png(category_bars, height=3.8)
+    figures["ASR per category"] = png(category_bars, width=7.5, height=4.0)
 
     def shift_histogram(ax: plt.Axes) -> None:
+        drawn = False
         for r in reports:
             t = r.table
             if t.attacked is not None:
                 rows = np.arange(len(t.ids))
-                ax.hist(t.attacked[rows, t.target] - t.clean[rows, t.target], bins=20, alpha=0.5, label=r.label)
+                ax.hist(t.attacked[rows, t.target] - t.clean[rows, t.target], bins=20, alpha=0.5,
+                        label=f"{r.label} (n={len(t.ids)})")
+                drawn = True
+        if not drawn:
+            _no_data(ax, "attacked prompts")
+        ax.axvline(0, color="black", linewidth=0.8)
         ax.set_xlabel("P(target) attacked − clean, per item")
         ax.set_ylabel("items")
-        ax.legend(fontsize=7)
+        if drawn:
+            ax.legend(fontsize=7)
 
     figures["P(target) shift per item"] = png(shift_histogram)
 
@@ -125,8 +199,10 @@ def _figures(reports: list[RunReport]) -> dict[str, str]:
         width = 0.8 / max(1, len(reports))
         for k, r in enumerate(reports):
             bias = dig(r.score, ("clean", "letter_bias")) or {}
-            ax.bar(np.arange(3) + k * width, [bias.get(x, 0) for x in "ABC"], width, label=r.label)
+            bars = ax.bar(np.arange(3) + k * width, [bias.get(x, 0) for x in "ABC"], width, label=r.label)
+            ax.bar_label(bars, fmt="%.2f", fontsize=7, padding=2)
         ax.axhline(1 / 3, color="grey", linestyle=":", label="no position bias")
+        ax.axhline(0, color="black", linewidth=0.8)
         ax.set_xticks(np.arange(3) + width * (len(reports) - 1) / 2, ["A", "B", "C"])
         ax.set_ylabel("share of top answers (clean prompts)")
         ax.set_ylim(0, 1)
@@ -169,18 +245,28 @@ def build_report(runs: list[Path]) -> tuple[str, str]:
              "Wilson intervals for rates (accuracy, abstention, ASR), bootstrap over items for means and the gap. "
              "Read ASR beside the control ASR: a fairness gap near 0 means the model "
              "is easy to push either way, not that it is biased.</p>",
-             "<h2>Headline</h2><table><tr>" + "".join(f"<th>{esc(h)}</th>" for h in headers) + "</tr>"]
+             "<h2>Provenance</h2>"]
+    md = ["# flexsearch robustness report", ""]
+    for report in reports:
+        facts = report.provenance()
+        parts.append(f"<h3>{esc(report.label)}</h3><table>" + "".join(
+            f"<tr><th>{esc(k)}</th><td><code>{esc(v)}</code></td></tr>" for k, v in facts.items()) + "</table>")
+        md += [f"## Provenance: {report.label}", "", "| | |", "|---|---|",
+               *(f"| {k} | `{v}` |" for k, v in facts.items()), ""]
+    parts.append("<h2>Headline</h2><p>Each cell: value [95% interval] (n = its denominator: items, or "
+                 "attack-eligible items for ASR).</p><table><tr>" + "".join(f"<th>{esc(h)}</th>" for h in headers)
+                 + "</tr>")
     parts += ["<tr>" + "".join(f"<td>{esc(c)}</td>" for c in row) + "</tr>" for row in rows]
     parts.append("</table>")
-    md = ["# flexsearch robustness report", "", "| " + " | ".join(headers) + " |", "|" + "---|" * len(headers),
-          *("| " + " | ".join(row) + " |" for row in rows)]
+    md += ["## Headline", "", "| " + " | ".join(headers) + " |", "|" + "---|" * len(headers),
+           *("| " + " | ".join(row) + " |" for row in rows)]
     for report in reports:
         verdicts = _verdict_rows(report)
         if verdicts:
-            parts.append(f"<h2>Verdict: {esc(report.label)}</h2><table><tr><th>group</th><th>verdict</th>"
+            parts.append(f"<h2>Verdict: {esc(report.label)}</h2><table><tr><th>group</th><th>n</th><th>verdict</th>"
                          "<th>why</th></tr>" + "".join("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in row) + "</tr>"
                                                        for row in verdicts) + "</table>")
-            md += ["", f"## Verdict: {report.label}", "", "| group | verdict | why |", "|---|---|---|",
+            md += ["", f"## Verdict: {report.label}", "", "| group | n | verdict | why |", "|---|---|---|---|",
                    *("| " + " | ".join(row) + " |" for row in verdicts)]
     md.append("")
     for title, png in figures.items():

@@ -11,7 +11,7 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -47,6 +47,22 @@ def shared_permissions(folder: Path) -> None:
     for path in folder.iterdir():
         if path.is_file():
             os.chmod(path, 0o666 & ~_UMASK)
+
+
+def replace_folder(out: Path, fill: Callable[[Path], None]) -> None:
+    """Fills a fresh staging folder beside `out`, then puts it in place of `out` in one rename: a
+    failure leaves `out` as it was."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        fill(staging)
+        shared_permissions(staging)
+        if out.exists():
+            shutil.rmtree(out)
+        staging.rename(out)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
 
 
 def atomic_write_json(path: Path, data: Any) -> None:
@@ -243,7 +259,7 @@ class RunDirectory:
 
     def files(self) -> dict[str, Path]:
         """Name → path of every result file the directory holds."""
-        return {name: self.path / name for name in FILE_DESCRIPTIONS if (self.path / name).is_file()}
+        return {name: self.path / name for name in FILE_DESCRIPTIONS if name != LOCK and (self.path / name).is_file()}
 
 
 FILE_DESCRIPTIONS = {
@@ -276,7 +292,7 @@ def software_versions() -> dict[str, str]:
     import torch
     import transformers
 
-    import flexsearch
+    from flexsearch.version import __version__
 
-    return {"flexsearch": flexsearch.__version__, "torch": str(torch.__version__),
+    return {"flexsearch": __version__, "torch": str(torch.__version__),
             "transformers": transformers.__version__, "python": platform.python_version()}

@@ -19,6 +19,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from flexsearch.attacks import CONSTRAINTS, OPERATORS, AttackResources, build
+from flexsearch.attacks.base import Constraint, Operator, Position
 from flexsearch.attacks.constraints import editable_positions
 from flexsearch.attacks.importance import gradient_importance, importance_from_probes, leave_one_out_probes
 from flexsearch.candidate import Candidate
@@ -120,12 +121,12 @@ class SearchContext:
     config: SearchConfig
     scorer: Scorer
     objective: Objective
-    operators: list[Any]
-    constraints: list[Any]
+    operators: list[Operator]
+    constraints: list[Constraint]
     rejected: Counter[str] = field(default_factory=Counter)
 
     @property
-    def word_operators(self) -> list[Any]:
+    def word_operators(self) -> list[Operator]:
         return [op for op in self.operators if op.edits_words]
 
     def admissible(self, candidates: Sequence[Candidate]) -> list[Candidate]:
@@ -157,7 +158,8 @@ def item_rng(seed: int, item_id: str, objective: str) -> np.random.Generator:
 
 
 def propose_all(ctx: SearchContext, candidate: Candidate, rng: np.random.Generator,
-                operators: Sequence[Any] | None = None, positions: Sequence[Any] | None = None) -> list[Candidate]:
+                operators: Sequence[Operator] | None = None,
+                positions: Sequence[Position] | None = None) -> list[Candidate]:
     return [c for op in (operators if operators is not None else ctx.operators)
             for c in op.propose(candidate, rng, positions if op.edits_words else None)]
 

@@ -139,9 +139,31 @@ def eligibility_and_success(items: Sequence[Item], objective: str, clean: np.nda
     return eligible, success
 
 
+def perturbed_word_share(item: Item, chain: Sequence[dict[str, Any]]) -> float:
+    """Share of the clean context and question words that the edit chain changed."""
+    words = len(item.context.split()) + len(item.question.split())
+    changed = {(e["field"], e["position"]) for e in chain if e.get("position") is not None}
+    return len(changed) / words if words else 0.0
+
+
+def attack_summary(eligible: np.ndarray, success: np.ndarray, queries: np.ndarray | None,
+                   first_success: Sequence[int | None] | None, perturbed: np.ndarray | None) -> dict[str, Any]:
+    """TextAttack's summary: succeeded / failed / skipped (not attack-eligible) counts, the mean share
+    of words perturbed in successful attacks, mean queries over attacked items and to first success."""
+    won = eligible & success
+
+    def mean(values: np.ndarray | None, keep: np.ndarray) -> float | None:
+        return None if values is None or not keep.any() else round(float(np.mean(values[keep])), 4)
+
+    hits = None if first_success is None else np.array([q if q is not None else np.nan for q in first_success])
+    return {"succeeded": int(won.sum()), "failed": int((eligible & ~success).sum()),
+            "skipped": int((~eligible).sum()), "mean_perturbed_word_share": mean(perturbed, won),
+            "mean_queries": mean(queries, eligible), "mean_queries_to_success": mean(hits, won)}
+
+
 def attack_metrics(items: Sequence[Item], objective: str, clean: np.ndarray, attacked: np.ndarray,
                    queries: np.ndarray | None = None, first_success: Sequence[int | None] | None = None,
-                   budget: int | None = None) -> dict[str, Any]:
+                   budget: int | None = None, perturbed: np.ndarray | None = None) -> dict[str, Any]:
     """ASR and friends for one objective; ASR counts only `attack_eligible` items."""
     eligible, success = eligibility_and_success(items, objective, clean, attacked)
     target_index = np.array([it.target for it in items])
@@ -152,6 +174,7 @@ def attack_metrics(items: Sequence[Item], objective: str, clean: np.ndarray, att
         "mean_p_target_clean": mean_with_interval(clean[rows, target_index]),
         "mean_p_target_attacked": mean_with_interval(attacked[rows, target_index]),
         "mean_p_target_shift": mean_with_interval(attacked[rows, target_index] - clean[rows, target_index]),
+        "summary": attack_summary(eligible, success, queries, first_success, perturbed),
     }
     if queries is not None:
         out["queries"] = {"mean": float(np.mean(queries)), "median": float(np.median(queries)),
@@ -159,7 +182,7 @@ def attack_metrics(items: Sequence[Item], objective: str, clean: np.ndarray, att
     if first_success is not None and budget is not None:
         hits = np.array([q if q is not None else np.inf for q in first_success], dtype=float)
         points = sorted({b for b in (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000) if b < budget} | {budget})
-        out["asr_vs_budget"] = {str(b): _mean((hits <= b)[eligible]) for b in points}
+        out["asr_vs_budget"] = {str(b): proportion((hits <= b)[eligible]) for b in points}
     return out
 
 
@@ -195,11 +218,11 @@ def robustness_score(items: Sequence[Item], main: dict[str, Any], control: dict[
 
 
 def _attack_block(items: Sequence[Item], arrays: dict[str, Any], idx: np.ndarray, budget: int | None) -> dict:
-    queries = arrays.get("queries")
-    first = arrays.get("first_success")
+    queries, first, perturbed = arrays.get("queries"), arrays.get("first_success"), arrays.get("perturbed")
     return attack_metrics(items, arrays["objective"], arrays["clean"][idx], arrays["attacked"][idx],
                           None if queries is None else queries[idx],
-                          None if first is None else [first[i] for i in idx], budget)
+                          None if first is None else [first[i] for i in idx], budget,
+                          None if perturbed is None else perturbed[idx])
 
 
 def fairness_gap(items: Sequence[Item], main: dict[str, Any], control: dict[str, Any], idx: np.ndarray) -> dict:

@@ -106,7 +106,22 @@ def test_report_is_self_contained_with_every_figure(two_tiny_runs, tmp_path):
     score = json.loads((two_tiny_runs[0] / "score.json").read_text())
     assert f"{score['clean']['accuracy']['value']:.3f}" in markdown and "| run |" in markdown
     verdict = score["verdict"]["verdict"]
-    assert f"Verdict: {two_tiny_runs[0].name}" in page and f"| overall | {verdict} |" in markdown
+    assert f"Verdict: {two_tiny_runs[0].name}" in page and f"| overall | 12 | {verdict} |" in markdown
+    assert f"(n={score['stereotype']['asr']['n']})" in page  # every headline rate names its denominator
+
+
+def test_report_opens_with_the_provenance_of_every_run(two_tiny_runs, tiny_model_dir):
+    page, markdown = build_report(two_tiny_runs)
+    config = yaml.safe_load((two_tiny_runs[0] / "config.yaml").read_text())
+    score = json.loads((two_tiny_runs[0] / "score.json").read_text())
+    assert page.index("Provenance") < page.index("Headline")
+    for field in ("model", "model file sha256", "adapter", "data", "data sha256", "items", "search", "date",
+                  "versions"):
+        assert f"<th>{field}</th>" in page and f"| {field} |" in markdown
+    assert str(tiny_model_dir) in page and config["data_sha256"] in page and score["created"] in page
+    eligible = score["stereotype"]["eligible_items"]
+    assert f"12 scored, {eligible} attack-eligible, 0 skipped" in page
+    assert "budget 10 prompts per item, seed 0, control on" in page and "flexsearch 0.1.0" in page
 
 
 def test_compare_on_real_runs_writes_files(two_tiny_runs, tmp_path):

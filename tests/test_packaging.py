@@ -1,7 +1,9 @@
-"""The wheel installs flexsearch.attacks and flexsearch.objectives, and no bare top-level packages."""
+"""The wheel installs flexsearch.attacks and flexsearch.objectives, and no bare top-level packages; the
+import graph has no cycle."""
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 from pathlib import Path
@@ -31,3 +33,40 @@ def test_editable_install_resolves_subpackages_from_the_tree():
 
     assert Path(flexsearch.attacks.__file__).parent == ROOT / "attacks"
     assert Path(flexsearch.objectives.__file__).parent == ROOT / "objectives"
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """Module → the package modules it imports anywhere in its file (lazy, function-level imports too)."""
+    files = {}
+    for folder, package in (("flexsearch", "flexsearch"), ("attacks", "flexsearch.attacks"),
+                            ("objectives", "flexsearch.objectives")):
+        for path in (ROOT / folder).glob("*.py"):
+            files[package if path.stem == "__init__" else f"{package}.{path.stem}"] = path
+    graph: dict[str, set[str]] = {}
+    for name, path in files.items():
+        found: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                found |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                found |= {node.module, *(f"{node.module}.{a.name}" for a in node.names)}
+        graph[name] = {m for m in found if m in files and m != name}
+    return graph
+
+
+def test_the_import_graph_has_no_cycle():
+    graph = _import_graph()
+    assert len(graph) > 30 and "flexsearch.attacks.base" in graph
+    state: dict[str, str] = {}
+
+    def visit(module: str, path: list[str]) -> None:
+        state[module] = "open"
+        for dependency in sorted(graph[module]):
+            assert state.get(dependency) != "open", " -> ".join([*path, module, dependency])
+            if dependency not in state:
+                visit(dependency, [*path, module])
+        state[module] = "done"
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [])

@@ -105,3 +105,28 @@ def test_wilson_interval_is_never_degenerate(k, n):
 def test_zero_of_three_reports_n_three_and_a_wide_interval():
     metric = proportion([False, False, False])
     assert metric["value"] == 0 and metric["n"] == 3 and metric["ci"][1] == pytest.approx(0.5615, abs=1e-3)
+
+
+def test_attack_summary_counts_like_textattack():
+    from flexsearch.split import attack_summary
+
+    eligible = np.array([True, True, True, False])
+    success = np.array([True, False, True, True])  # the last succeeded but was never eligible: skipped
+    summary = attack_summary(eligible, success, np.array([5, 10, 3, 7]), [4, None, 2, 1],
+                             np.array([0.1, 0.0, 0.3, 0.5]))
+    assert summary == {"succeeded": 2, "failed": 1, "skipped": 1, "mean_perturbed_word_share": 0.2,
+                       "mean_queries": 6.0, "mean_queries_to_success": 3.0}
+    nothing = attack_summary(np.zeros(3, dtype=bool), np.zeros(3, dtype=bool), None, None, None)
+    assert nothing == {"succeeded": 0, "failed": 0, "skipped": 3, "mean_perturbed_word_share": None,
+                       "mean_queries": None, "mean_queries_to_success": None}
+
+
+def test_perturbed_word_share_counts_distinct_word_positions_only(seed_items):
+    from flexsearch.split import perturbed_word_share
+
+    item = seed_items[0]
+    words = len(item.context.split()) + len(item.question.split())
+    chain = [{"field": "context", "position": 1}, {"field": "context", "position": 1},
+             {"field": "question", "position": 0}, {"field": "persona", "position": None}]
+    assert perturbed_word_share(item, chain) == pytest.approx(2 / words)
+    assert perturbed_word_share(item, []) == 0.0
