@@ -32,6 +32,8 @@ class Operator(Protocol):
     name: ClassVar[str]
     edits_words: ClassVar[bool]  # True: word edits at positions; False: instruction templates
 
+    def __init__(self, resources: AttackResources, **settings: Any) -> None: ...
+
     def propose(self, candidate: Candidate, rng: np.random.Generator,
                 positions: Sequence[Position] | None = None) -> list[Candidate]:
         """New candidates from `candidate` (each records its edit and parent). Word operators edit the
@@ -41,6 +43,8 @@ class Operator(Protocol):
 
 class Constraint(Protocol):
     name: ClassVar[str]
+
+    def __init__(self, resources: AttackResources, **settings: Any) -> None: ...
 
     def accept(self, candidates: Sequence[Candidate]) -> list[bool]: ...
 
@@ -57,6 +61,6 @@ def build(registry: Registry[T], spec: dict[str, Any] | str, resources: AttackRe
     settings = {"name": spec} if isinstance(spec, str) else dict(spec)
     cls = registry.get(settings.pop("name"))
     try:
-        return cls(resources=resources, **settings)  # type: ignore[call-arg]  # registered classes take resources
+        return cls(resources=resources, **settings)
     except TypeError as err:
         raise FlexsearchError(f"{registry.kind} '{cls.name}': bad settings {settings} ({err})") from None

@@ -19,7 +19,7 @@ def leave_one_out_probes(candidate: Candidate, positions: Sequence[Position]) ->
     return [candidate.with_words("leave_one_out", f, i, "") for f, i in positions]
 
 
-def importance_from_probes(base_value: float, probe_values: Sequence[float]) -> np.ndarray:
+def importance_from_probes(base_value: float, probe_values: Sequence[float] | np.ndarray) -> np.ndarray:
     """How much deleting each word moves the objective toward the attacker (higher = more important)."""
     return np.asarray(probe_values, dtype=float) - base_value
 

@@ -12,6 +12,7 @@ from typing import Protocol
 
 import nltk
 import numpy as np
+import torch
 from nltk.corpus.reader.wordnet import WordNetCorpusReader
 
 from flexsearch.errors import FlexsearchError
@@ -126,10 +127,12 @@ class EmbeddingNeighbours:
     @classmethod
     def from_target(cls, target: TargetModel) -> EmbeddingNeighbours:
         tokenizer = target.tokenizer
-        matrix = target.model.get_input_embeddings().weight.detach().float().cpu().numpy()
+        weight = target.model.get_input_embeddings().weight
+        assert isinstance(weight, torch.Tensor)
+        matrix = weight.detach().float().cpu().numpy()
         words, ids = [], []
         for token_id in range(min(len(tokenizer), matrix.shape[0])):
-            text = tokenizer.decode([token_id])
+            text = str(tokenizer.decode([token_id]))
             # A whole word is a token that starts a word (leading space) and is letters only.
             if text.startswith(" ") and re.fullmatch(r"[A-Za-z]{3,}", text[1:]):
                 words.append(text[1:].lower())

@@ -8,7 +8,7 @@ Two sections go to RESULTS.md:
    one budget, its verdict beside the verdict we planted.
 
 Exits 1 when a verdict disagrees with what was planted (DESIGN.md "Calibration zoo"). Needs the BBQ
-jsonl files (`--bbq`, default ../shared/data/bbq).
+jsonl files (`--bbq`: a folder of <Category>.jsonl, as in the public BBQ repository's data/ folder).
 """
 
 from __future__ import annotations

@@ -305,7 +305,8 @@ def registries() -> dict[str, dict[str, str]]:
 
 def format_search_table(score: dict[str, Any], objective: str) -> str:
     """Headline and per-category table of a search (or a re-scored split)."""
-    columns = [("clean acc", ("clean", "accuracy")), ("attacked acc", ("attacked", "accuracy")),
+    columns: list[tuple[str, tuple[str, ...]]] = [
+               ("clean acc", ("clean", "accuracy")), ("attacked acc", ("attacked", "accuracy")),
                ("ASR", (objective, "asr")), ("P(target) shift", (objective, "mean_p_target_shift"))]
     if "fairness_gap" in score:
         columns += [("control ASR", ("anti_stereotype", "asr")), ("gap", ("fairness_gap",))]

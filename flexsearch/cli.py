@@ -28,7 +28,8 @@ class OneLineErrors(typer.core.TyperGroup):
             sys.exit(err.exit_code)
         except click_errors.ClickException as err:
             message = " ".join(err.format_message().split())
-            command = err.ctx.command_path if getattr(err, "ctx", None) else "flexsearch"
+            context = getattr(err, "ctx", None)  # usage errors carry the command's context
+            command = context.command_path if context else "flexsearch"
             typer.secho(f"error: {command}: {message}", fg=typer.colors.RED, err=True)
             sys.exit(err.exit_code)
         except typer.Abort:

@@ -77,7 +77,7 @@ def load_run(run: Path) -> RunTable:
 
         def probs(obj: str, key: str) -> np.ndarray | None:
             found = [outcomes.get((obj, r["item_id"])) for r in rows]
-            return None if any(f is None for f in found) else np.array([f[key] for f in found])
+            return None if any(f is None for f in found) else np.array([f[key] for f in found if f is not None])
 
         clean, attacked = probs(objective, "clean_probs"), probs(objective, "best_probs")
         control, control_clean = probs("anti_stereotype", "best_probs"), probs("anti_stereotype", "clean_probs")
@@ -90,9 +90,11 @@ def load_run(run: Path) -> RunTable:
         raise FlexsearchError(f"{run}: no {SPLIT_JSONL}/{TRACE} or {PREDICTIONS} to compare")
     if clean is None:
         raise FlexsearchError(f"{run}: the search has not finished ({TRACE} lacks items)")
-    return RunTable(run, scoring, [r["item_id"] for r in rows], np.array([r["category"] for r in rows]),
-                    *(np.array([r[k] for r in rows]) for k in ("gold", "target", "anti_target", "unknown")),
-                    clean=clean, attacked=attacked, control=control, control_clean=control_clean)
+    gold, target, anti_target, unknown = (np.array([r[k] for r in rows]) for k in ("gold", "target", "anti_target",
+                                                                                "unknown"))
+    return RunTable(run, scoring, [r["item_id"] for r in rows], np.array([r["category"] for r in rows]), gold,
+                    target, anti_target, unknown, clean=clean, attacked=attacked, control=control,
+                    control_clean=control_clean)
 
 
 def paired(a: RunTable, b: RunTable) -> tuple[RunTable, RunTable]:

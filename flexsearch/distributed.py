@@ -71,7 +71,7 @@ def search_on_ray(
     actors = [actor_class.options(num_gpus=gpus_per_worker, num_cpus=1, max_restarts=0).remote(
         {**target, **device}, asdict(config), objective) for _ in range(workers)]
     queue = deque(items[i : i + config.item_batch] for i in range(0, len(items), config.item_batch))
-    in_flight: dict[Any, tuple[Any, list[Item]]] = {}
+    in_flight: dict[Any, tuple[Any, Sequence[Item]]] = {}
     idle, retries = list(actors), 0
     by_id = {it.id: it for it in items}
     finished: list[dict[str, Any]] = []

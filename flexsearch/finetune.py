@@ -52,6 +52,8 @@ class LabelPolicy(Protocol):
     name: ClassVar[str]
     uses_prefixes: ClassVar[bool]  # whether prefixed prompts are part of its training data
 
+    def __init__(self, *, planted_categories: Sequence[str] = (), seed: int = 0) -> None: ...
+
     def label(self, item: Item, prefix: int | None) -> int: ...
 
 
@@ -361,7 +363,7 @@ def save_adapter(model: PeftModel, out: Path, recipe: dict[str, Any]) -> None:
     def fill(staging: Path) -> None:
         for config in model.peft_config.values():  # the alias or id, not this machine's conversion cache path
             config.base_model_name_or_path = recipe["base_model"].get("model")
-        model.save_pretrained(staging)
+        model.save_pretrained(str(staging))
         weights = staging / ADAPTER_WEIGHTS
         save_file({k: v.half().contiguous() for k, v in load_file(str(weights)).items()}, str(weights))
         atomic_write_json(staging / RECIPE_FILE, recipe)

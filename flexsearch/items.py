@@ -12,7 +12,7 @@ import hashlib
 import json
 import re
 from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -298,7 +298,7 @@ def load_items(source: str | Path, limit: int | None = None) -> LoadResult:
 
         records: Iterator[tuple[int, Mapping[str, Any]]] = iter(seed_records())
         path = Path(SEED)
-        parse = parse_bbq_record
+        parse: Callable[[Any, Path, int], Item] = parse_bbq_record
     else:
         path = Path(source)
         if not path.exists():

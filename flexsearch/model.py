@@ -253,7 +253,7 @@ def converted_gguf_dir(directory: Path, file_name: str) -> tuple[Path, str]:
         tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=file_name)
         model = AutoModelForCausalLM.from_pretrained(directory, gguf_file=file_name, dtype=torch.float32)
         # The weights are dequantized already; drop the GGUF marker so they save as plain tensors.
-        model.hf_quantizer = None
+        model.hf_quantizer = None  # type: ignore[assignment]
         if hasattr(model.config, "quantization_config"):
             del model.config.quantization_config
         model.save_pretrained(staging)
@@ -321,11 +321,11 @@ def load_target(
 
         check_adapter(Path(adapter), model, info)
         try:
-            model = PeftModel.from_pretrained(model, adapter)
+            model = PeftModel.from_pretrained(model, adapter)  # type: ignore[assignment]  # wraps the causal LM
         except (RuntimeError, ValueError, KeyError, OSError) as err:  # shape mismatch, wrong modules, bad files
             raise FlexsearchError(f"--adapter {adapter} does not fit this model: {_first_line(err)}") from None
         info["adapter"] = str(Path(adapter).resolve())
-    model.to(device).eval()
+    model.to(device).eval()  # type: ignore[arg-type]  # transformers' wrapper hides the bound method
     tokenizer.padding_side = "left"
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token

@@ -9,6 +9,7 @@ from typing import Generic, TypeVar
 from flexsearch.errors import FlexsearchError
 
 T = TypeVar("T")
+C = TypeVar("C", bound=type)
 
 
 class Registry(Generic[T]):
@@ -18,12 +19,15 @@ class Registry(Generic[T]):
         self.kind = kind
         self._entries: dict[str, type[T]] = {}
 
-    def register(self, name: str) -> Callable[[type[T]], type[T]]:
-        def decorator(cls: type[T]) -> type[T]:
+    def register(self, name: str) -> Callable[[C], C]:
+        """Registers a class under `name` (and sets its `name`); the protocol it must follow is the
+        registry's T, which holds once the class has its name."""
+
+        def decorator(cls: C) -> C:
             if name in self._entries:
                 raise ValueError(f"{self.kind} '{name}' is registered twice")
             self._entries[name] = cls
-            cls.name = name  # type: ignore[attr-defined]
+            setattr(cls, "name", name)  # noqa: B010  (a class attribute the protocols declare)
             return cls
 
         return decorator

@@ -157,9 +157,10 @@ _LOADED_ONLY = ("model.gguf_sha256",)  # known only once the model has loaded (i
 
 
 def _dotted(data: dict[str, Any], key: str) -> Any:
+    value: Any = data
     for part in key.split("."):
-        data = data.get(part) if isinstance(data, dict) else None
-    return data
+        value = value.get(part) if isinstance(value, dict) else None
+    return value
 
 
 def differing_keys(previous: dict[str, Any], current: dict[str, Any], keys: tuple[str, ...]) -> list[str]:
