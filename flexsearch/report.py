@@ -137,6 +137,11 @@ def _figures(reports: list[RunReport]) -> dict[str, str]:
             _no_data(ax, "search results")
         ax.axhline(0, color="black", linewidth=0.8)
         ax.set_xscale("log")
+        budgets = sorted({int(b) for r in reports for o, _, _ in OBJECTIVES
+                          for b in (dig(r.score, (o, "asr_vs_budget")) or {})})
+        if budgets:  # label the budgets the score was read at, as plain numbers
+            ax.set_xticks(budgets, [str(b) for b in budgets])
+            ax.minorticks_off()
         ax.set_xlabel("query budget (prompts scored per item)")
         ax.set_ylabel("ASR (95% Wilson band)")
         ax.set_ylim(-0.04, 1.04)  # a curve at 0 or 1 stays visible above the frame
@@ -165,7 +170,7 @@ def _figures(reports: list[RunReport]) -> dict[str, str]:
             xs = np.arange(len(categories)) + k * width
             bars = ax.bar(xs, values, width, yerr=[lows, highs], capsize=2, label=f"{r.label} {name}",
                           hatch="//" if objective == "anti_stereotype" else None, alpha=0.85)
-            ax.bar_label(bars, labels=labels, fontsize=6, padding=2)
+            ax.bar_label(bars, labels=labels, fontsize=7, padding=2)
         ax.axhline(0, color="black", linewidth=0.8)
         ax.set_xticks(np.arange(len(categories)) + width * (len(series) - 1) / 2, categories, rotation=30,
                       ha="right", fontsize=7)
@@ -218,12 +223,15 @@ def _hardest(report: RunReport) -> list[dict[str, Any]]:
 
 
 def _chain_text(chain: list[dict[str, Any]]) -> str:
+    """The edits in order: a template as the text it set, a word edit as before → after."""
     if not chain:
         return "(no edit)"
     parts = []
     for e in chain:
-        where = e["field"] if e["position"] is None else f"{e['field']}[{e['position']}]"
-        parts.append(f"{e['operator']} {where}: {e['before']!r} → {e['after']!r}")
+        if e["position"] is None:
+            parts.append(f"{e['operator']} ({e['field']}): {e['after']!r}")
+        else:
+            parts.append(f"{e['operator']} {e['field']}[{e['position']}]: {e['before']!r} → {e['after']!r}")
     return "; ".join(parts)
 
 
@@ -275,16 +283,22 @@ def build_report(runs: list[Path]) -> tuple[str, str]:
         hardest = _hardest(report)
         if not hardest:
             continue
-        parts.append(f"<h2>Ten hardest prompts: {esc(report.label)}</h2><table><tr><th>item</th>"
-                     "<th>P(target) clean → attacked</th><th>attack chain</th><th>prompt</th></tr>")
-        md += [f"## Ten hardest prompts: {report.label}", "", "| item | P(target) clean → attacked | attack chain |",
-               "|---|---|---|"]
+        parts.append(f"<h2>Ten hardest prompts: {esc(report.label)}</h2><p>Sorted by the rise in P(target); "
+                     "the target is the answer the objective pushes toward.</p><table><tr><th>item</th>"
+                     "<th>target answer</th><th>P(target) clean → attacked</th><th>objective met</th>"
+                     "<th>attack chain</th><th>prompt</th></tr>")
+        md += [f"## Ten hardest prompts: {report.label}", "",
+               "| item | target answer | P(target) clean → attacked | objective met | attack chain |",
+               "|---|---|---|---|---|"]
         for r in hardest:
             probs = f"{r['p_target_clean']:.3f} → {r['p_target_attacked']:.3f}"
             chain = _chain_text(r["attack_chain"])
-            parts.append(f"<tr><td>{esc(r['item_id'])}</td><td>{probs}</td><td>{esc(chain)}</td>"
-                         f"<td><pre>{esc(r['prompt'])}</pre></td></tr>")
-            md.append(f"| {r['item_id']} | {probs} | {chain.replace('|', '/')} |")
+            pushed = {"stereotype": "target", "anti_stereotype": "anti_target"}.get(r["objective"])
+            target = r["answers"][r[pushed]] if pushed else "any answer but the gold one"
+            met = "yes" if r["success"] else "no"
+            parts.append(f"<tr><td>{esc(r['item_id'])}</td><td>{esc(target)}</td><td>{probs}</td><td>{met}</td>"
+                         f"<td>{esc(chain)}</td><td><pre>{esc(r['prompt'])}</pre></td></tr>")
+            md.append(f"| {r['item_id']} | {target} | {probs} | {met} | {chain.replace('|', '/')} |")
         parts.append("</table>")
         md.append("")
     parts.append("</body></html>")
