@@ -18,7 +18,7 @@ from flexsearch.config import Origins, ScoringConfig, SearchConfig, check_settin
 from flexsearch.errors import FlexsearchError
 from flexsearch.evaluation import CLEAN_COLUMNS, evaluate_items, format_table, prediction_rows, score_all
 from flexsearch.items import Item, LoadResult, load_items, source_sha256
-from flexsearch.metrics import dig, metric_text
+from flexsearch.metrics import dig, metric_text, perturbed_word_share, robustness_score
 from flexsearch.model import requested_model
 from flexsearch.render import render
 from flexsearch.results import Comparison, RunResult, Score
@@ -37,7 +37,7 @@ from flexsearch.runio import (
 )
 from flexsearch.scoring import Scorer, build_scorer, fit_context
 from flexsearch.search_loop import build_context, run_search
-from flexsearch.split import load_split, perturbed_word_share, robustness_score, split_csv_text, split_row
+from flexsearch.split import load_split, split_csv_text, split_row
 
 
 @dataclass(frozen=True)

@@ -6,8 +6,7 @@ import numpy as np
 import pytest
 
 from flexsearch.items import Item
-from flexsearch.metrics import proportion, wilson_interval
-from flexsearch.split import robustness_score
+from flexsearch.metrics import proportion, robustness_score, wilson_interval
 from flexsearch.verdict import verdict
 
 UNKNOWN, TARGET, ANTI = 2, 0, 1
@@ -108,7 +107,7 @@ def test_zero_of_three_reports_n_three_and_a_wide_interval():
 
 
 def test_attack_summary_counts_like_textattack():
-    from flexsearch.split import attack_summary
+    from flexsearch.metrics import attack_summary
 
     eligible = np.array([True, True, True, False])
     success = np.array([True, False, True, True])  # the last succeeded but was never eligible: skipped
@@ -122,7 +121,7 @@ def test_attack_summary_counts_like_textattack():
 
 
 def test_perturbed_word_share_counts_distinct_word_positions_only(seed_items):
-    from flexsearch.split import perturbed_word_share
+    from flexsearch.metrics import perturbed_word_share
 
     item = seed_items[0]
     words = len(item.context.split()) + len(item.question.split())
