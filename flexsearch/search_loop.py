@@ -97,12 +97,15 @@ class ItemState:
             self.clean_probs = probs[0]
         if request.probe:
             return
-        for candidate, p in zip(request.candidates, probs, strict=True):
+        # The driver has charged the whole request already; a success is dated at its own candidate,
+        # as if the request's candidates had been scored one after another (ASR vs budget).
+        spent_before = self.queries - len(request.candidates) * self.cost_per_candidate
+        for k, (candidate, p) in enumerate(zip(request.candidates, probs, strict=True)):
             value = self.objective.value(p, self.item)
             if value > self.best_value:
                 self.best, self.best_value, self.best_probs = candidate, value, p
             if self.first_success_query is None and self.objective.success(p, self.item):
-                self.first_success_query = self.queries
+                self.first_success_query = spent_before + (k + 1) * self.cost_per_candidate
 
     def outcome(self, objective_name: str) -> ItemOutcome:
         assert self.best is not None and self.best_probs is not None and self.clean_probs is not None

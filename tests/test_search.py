@@ -150,3 +150,21 @@ def test_api_search_replays_chain(tiny_run, tiny_target):
     row = load_split(tiny_run / "split.jsonl")[0]
     assert replay(row.item, row.record["attack_chain"], tuple(row.record["option_order"])) == row.candidate
     assert api.registries()["operators"]
+
+
+def test_first_success_is_dated_at_its_own_candidate(seed_items):
+    from flexsearch.candidate import Candidate
+    from flexsearch.objectives import get_objective
+    from flexsearch.search_loop import ItemState, Request
+
+    item = seed_items[0]
+    state = ItemState(item, get_objective("stereotype"), np.random.default_rng(0), budget=30, cost_per_candidate=3)
+    root = Candidate.root(item)
+    clean = np.eye(3)[item.gold]
+    state.queries += 3
+    state.record(Request([root]), clean[None])
+    children = [root.with_slot("persona", "persona", f"You are person {k}.") for k in range(3)]
+    probs = np.array([np.eye(3)[item.gold], np.eye(3)[item.target], np.eye(3)[item.target]])
+    state.queries += 3 * len(children)  # the driver charges the whole request first
+    state.record(Request(children), probs)
+    assert state.first_success_query == 3 + 2 * 3  # the clean prompt, then the second child
