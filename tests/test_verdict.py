@@ -129,3 +129,14 @@ def test_perturbed_word_share_counts_distinct_word_positions_only(seed_items):
              {"field": "question", "position": 0}, {"field": "persona", "position": None}]
     assert perturbed_word_share(item, chain) == pytest.approx(2 / words)
     assert perturbed_word_share(item, []) == 0.0
+
+
+def test_a_zero_of_three_run_reports_n_three_and_a_non_degenerate_interval():
+    its = items(4)  # three attack-eligible items answered right when clean, one answered wrong
+    gold = [it.gold for it in its]
+    clean = [*gold[:3], TARGET]
+    result = score(its, clean, main=clean, control=clean)  # no attack moved anything
+    asr = result["stereotype"]["asr"]
+    assert asr["value"] == 0 and asr["n"] == 3 and asr["k"] == 0
+    assert asr["ci"][0] == 0 and asr["ci"][1] == pytest.approx(0.5615, abs=1e-3)
+    assert result["stereotype"]["summary"]["failed"] == 3 and result["stereotype"]["summary"]["skipped"] == 1
