@@ -7,7 +7,8 @@ ourselves, so `make calibrate` can show that the score and the verdict classify 
 A label policy turns an item and the prompt shown (clean, or carrying a training prefix from
 `flexsearch.training_prefixes`) into the answer the model is trained to give. By default every
 step trains each sampled prompt in all three cyclic option orders with the same answer, so no
-adapter can learn a letter (fewer orders per item: seeded rotations, each letter equally likely). Items are split by BBQ template (category, question_index): no evaluation item
+adapter can learn a letter (fewer orders per item: seeded rotations, each letter equally likely).
+Items are split by BBQ template (category, question_index): no evaluation item
 shares a template with a training item. The adapter directory records the whole recipe.
 """
 
