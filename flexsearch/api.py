@@ -92,7 +92,7 @@ def search(data: str = "seed", *, model: str | Target = "smollm2", out: str | Pa
     settings = config_dict(resolved_config)
     resolved = {"command": "search", "data": data, "data_sha256": source_sha256(data), "limit": limit,
                 "model": requested_model(target.arguments()), "scoring": settings.pop("scoring"), "search": settings}
-    with _opened_run(run_dir, resolved, target, resolved["scoring"]) as (run, scorer):
+    with _opened_run(run_dir, resolved, target) as (run, scorer):
         items, skipped = _fitting_items(loaded, scorer, SEARCH_PROMPT_MARGIN)
         objectives = _objectives(resolved_config)
         done, retries = _search_objectives(run, items, objectives, scorer, resolved_config, target, ray)
@@ -230,7 +230,7 @@ def _evaluate_data(data: str, out: Path, target: Target, scoring: dict[str, Any]
     loaded = load_items(data, limit=limit)
     resolved = {"command": "evaluate", "data": data, "data_sha256": source_sha256(data), "limit": limit,
                 "model": requested_model(target.arguments()), "scoring": scoring}
-    with _opened_run(out, resolved, target, scoring) as (run, scorer):
+    with _opened_run(out, resolved, target) as (run, scorer):
         items, skipped = _fitting_items(loaded, scorer, 0)
         counts = {"skipped": sum(skipped.values()), "skipped_reasons": skipped}
         score, predictions = evaluate_items(scorer, items, extra={"data": data, **counts, "model": scorer.target.info})
@@ -248,7 +248,7 @@ def _evaluate_split(split: Path, out: Path, target: Target, scoring: dict[str, A
     rows = load_split(split, limit=limit)
     resolved = {"command": "evaluate", "split": str(split), "data_sha256": source_sha256(str(split)),
                 "limit": limit, "model": requested_model(target.arguments()), "scoring": scoring}
-    with _opened_run(out, resolved, target, scoring) as (run, scorer):
+    with _opened_run(out, resolved, target) as (run, scorer):
         total = len(rows)
         rows = [r for r in rows if scorer.fits(Candidate.root(r.item)) and scorer.fits(r.candidate)]
         if not rows:
@@ -272,15 +272,14 @@ def _evaluate_split(split: Path, out: Path, target: Target, scoring: dict[str, A
 
 
 @contextmanager
-def _opened_run(out: Path, resolved: dict[str, Any], target: Target,
-                scoring: dict[str, Any]) -> Iterator[tuple[RunDirectory, Scorer]]:
+def _opened_run(out: Path, resolved: dict[str, Any], target: Target) -> Iterator[tuple[RunDirectory, Scorer]]:
     """Checks the run directory (before the model loads), locks it, loads the scorer and records the
     resolved settings: a new run writes config.yaml, a resumed one must match it on every key."""
     command = resolved["command"]
     run = RunDirectory(out, command)
     resuming = run.check(resolved)
     with run:
-        scorer = build_scorer(target.arguments(), scoring)
+        scorer = build_scorer(target.arguments(), resolved["scoring"])
         resolved.update(model=scorer.target.info, versions=software_versions())
         if resuming:
             run.check(resolved, model_loaded=True)

@@ -74,6 +74,18 @@ JsonOpt = Annotated[bool, typer.Option("--json", rich_help_panel="Output",
                                        help="Print the score as JSON instead of the table.")]
 
 
+def _default_preset() -> dict[str, Any]:
+    """The shipped default preset as written (for the defaults the help names; no validation, no model)."""
+    import yaml
+
+    from flexsearch.config import preset_path
+
+    return yaml.safe_load(preset_path("default").read_text(encoding="utf-8"))
+
+
+DEFAULT_PRESET = _default_preset()
+
+
 @contextmanager
 def user_errors() -> Iterator[None]:
     """Turns a FlexsearchError (bad input or settings) into one red line and exit code 2."""
@@ -91,11 +103,9 @@ def _run_dir(out: Path | None, default_name: str) -> Path:
 @app.command()
 def evaluate(
     model: ModelOpt = "smollm2",
-    data: Annotated[str | None, typer.Option(rich_help_panel="Data", help="BBQ .jsonl, FLEX .csv, or 'seed'.")] = None,
-    split: Annotated[Path | None, typer.Option(rich_help_panel="Data",
-                                               help="A split written by `flexsearch search` to re-score.")] = None,
-    out: Annotated[Path | None, typer.Option(rich_help_panel="Output",
-                                             help="Run directory (default runs/<data>-eval).")] = None,
+    data: Annotated[str | None, _option("Data", "BBQ .jsonl, FLEX .csv, or 'seed'.")] = None,
+    split: Annotated[Path | None, _option("Data", "A split written by `flexsearch search` to re-score.")] = None,
+    out: Annotated[Path | None, _option("Output", "Run directory (default runs/<data>-eval).")] = None,
     json_output: JsonOpt = False,
     limit: LimitOpt = None,
     adapter: AdapterOpt = None,
@@ -130,33 +140,29 @@ def _print_result(result: Any, json_output: bool) -> None:
 @app.command()
 def search(
     model: ModelOpt = "smollm2",
-    data: Annotated[str, typer.Option(rich_help_panel="Data", help="BBQ .jsonl, FLEX .csv, or 'seed'.")] = "seed",
+    data: Annotated[str, _option("Data", "BBQ .jsonl, FLEX .csv, or 'seed'.")] = "seed",
     limit: LimitOpt = None,
-    config: Annotated[str, typer.Option(rich_help_panel="Search", help="Preset name (see `flexsearch list "
-                                        "--presets`) or a YAML path.")] = "default",
-    budget: Annotated[int | None, typer.Option(rich_help_panel="Search", help="Prompts scored per item and objective "
-                                               "(default preset: 40).")] = None,
-    method: Annotated[str | None, typer.Option(rich_help_panel="Search", help="greedy, beam or evolutionary "
-                                               "(default preset: beam).")] = None,
-    objective: Annotated[str | None, typer.Option(rich_help_panel="Search", help="stereotype, anti_stereotype or "
-                                                  "untargeted (default preset: stereotype).")] = None,
-    control: Annotated[bool | None, typer.Option(rich_help_panel="Search", help="Also run the counter-stereotype "
-                                                 "control (default preset: on).")] = None,
-    seed: Annotated[int | None, typer.Option(rich_help_panel="Search", help="Random seed.")] = None,
+    config: Annotated[str, _option("Search", "Preset name (see `flexsearch list --presets`) or a YAML path.")] = (
+        "default"),
+    budget: Annotated[int | None, _option("Search", "Prompts scored per item and objective (default preset: "
+                                                    f"{DEFAULT_PRESET['budget']}).")] = None,
+    method: Annotated[str | None, _option("Search", "greedy, beam or evolutionary (default preset: "
+                                                    f"{DEFAULT_PRESET['method']}).")] = None,
+    objective: Annotated[str | None, _option("Search", "stereotype, anti_stereotype or untargeted (default "
+                                                       f"preset: {DEFAULT_PRESET['objective']}).")] = None,
+    control: Annotated[bool | None, _option("Search", "Also run the counter-stereotype control (default preset: "
+                                                      f"{'on' if DEFAULT_PRESET['control'] else 'off'}).")] = None,
+    seed: Annotated[int | None, _option("Search", "Random seed.")] = None,
     set_: Annotated[list[str] | None, typer.Option("--set", rich_help_panel="Search", help="Override a config key: "
                                                    "key=value; scoring.mode=chat, scoring.batch_size=8 and the "
                                                    "other scoring.* keys set the scoring.")] = None,
-    out: Annotated[Path | None, typer.Option(rich_help_panel="Output", help="Run directory (default "
-                                             "runs/<data>-<config>); an existing one resumes.")] = None,
+    out: Annotated[Path | None, _option("Output", "Run directory (default runs/<data>-<config>); an existing one "
+                                                  "resumes.")] = None,
     json_output: JsonOpt = False,
-    backend: Annotated[str, typer.Option(rich_help_panel="Ray", help="local, or ray to spread items over Ray "
-                                         "workers.")] = "local",
-    ray_address: Annotated[str | None, typer.Option(rich_help_panel="Ray", help="Join this Ray cluster (default: "
-                                                    "start a local one).")] = None,
-    workers: Annotated[int, typer.Option(min=1, rich_help_panel="Ray", help="Ray workers (each loads the model "
-                                         "once).")] = 2,
-    gpus_per_worker: Annotated[float, typer.Option(min=0, rich_help_panel="Ray", help="GPUs per Ray worker "
-                                                   "(0: CPU).")] = 0,
+    backend: Annotated[str, _option("Ray", "local, or ray to spread items over Ray workers.")] = "local",
+    ray_address: Annotated[str | None, _option("Ray", "Join this Ray cluster (default: start a local one).")] = None,
+    workers: Annotated[int, _option("Ray", "Ray workers (each loads the model once).", min=1)] = 2,
+    gpus_per_worker: Annotated[float, _option("Ray", "GPUs per Ray worker (0: CPU).", min=0)] = 0,
     adapter: AdapterOpt = None,
     device: DeviceOpt = None,
     dtype: DtypeOpt = None,

@@ -22,10 +22,10 @@ from flexsearch.runio import (
     SCORE,
     SPLIT_JSONL,
     TRACE,
-    RunDirectory,
     read_json,
     read_jsonl,
     read_log,
+    read_run_config,
 )
 
 
@@ -60,7 +60,7 @@ class RunTable:
 def _scoring_of(run: Path) -> dict[str, Any]:
     if not run.is_dir():
         raise FlexsearchError(f"{run}: no such run directory")
-    config = RunDirectory(run, "compare").previous_config()
+    config = read_run_config(run)
     if config is None:
         raise FlexsearchError(f"{run} is not a run directory (no {CONFIG})")
     scoring = config.get("scoring") or {}

@@ -14,6 +14,7 @@ model can read them):
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable
 from dataclasses import replace
@@ -27,14 +28,15 @@ from flexsearch.render import LETTERS, PromptFormat, cyclic_orders, render
 from flexsearch.runio import (
     SCORE,
     SPLIT_JSONL,
-    RunDirectory,
     atomic_write_json,
     atomic_write_jsonl,
     atomic_write_text,
     read_json,
+    read_run_config,
     replace_folder,
 )
 from flexsearch.split import FLEX_COLUMNS, OUR_COLUMNS, Attacked, load_split
+from flexsearch.version import __version__
 
 FORMATS = ("lm-eval", "parquet")
 MARKER = "export.json"  # names the run an export folder came from; a folder without it is never replaced
@@ -50,7 +52,7 @@ def export_run(run: Path, to: str, out: Path, name: str | None = None) -> list[P
     """Writes the export of search run `run` into `out` (replaced whole, or not at all); returns its files."""
     if to not in FORMATS:
         raise FlexsearchError(f"--to: unknown export format '{to}' (choose from {', '.join(FORMATS)})")
-    config = RunDirectory(run, "search").previous_config() if run.is_dir() else None
+    config = read_run_config(run)
     if config is None or config.get("command") != "search" or not (run / SPLIT_JSONL).is_file():
         raise FlexsearchError(f"{run}: not a finished search run (no config.yaml of a search and {SPLIT_JSONL})")
     if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / MARKER).is_file())):
@@ -73,8 +75,6 @@ def export_run(run: Path, to: str, out: Path, name: str | None = None) -> list[P
 
 def _provenance(run: Path, config: dict[str, Any], score: dict[str, Any], n_rows: int, to: str,
                 name: str) -> dict[str, Any]:
-    from flexsearch.version import __version__
-
     search = config.get("search", {})
     return {
         "format": to, "task": name, "run": str(run), "rows": n_rows, "data": config.get("data"),
@@ -153,6 +153,7 @@ LM_EVAL_UTILS = '''"""Document loading and the order-averaged aggregation of a t
 
 import json
 import math
+import json
 import re
 from pathlib import Path
 
@@ -249,18 +250,13 @@ def _parquet(folder: Path, rows: list[Attacked], about: dict[str, Any]) -> None:
         raise FlexsearchError("--to parquet needs pyarrow (pip install 'flexsearch[export]')") from None
     columns = [*FLEX_COLUMNS, *OUR_COLUMNS]
     records = [{c: _parquet_value(c, r.record.get(c)) for c in columns} for r in rows]
-    table = pa.Table.from_pylist(records)
-    staged = folder / ".split.parquet"
-    pq.write_table(table, staged)
-    staged.rename(folder / "split.parquet")
+    pq.write_table(pa.Table.from_pylist(records), folder / "split.parquet")  # the folder is swapped in whole
     fields = {c: SPLIT_COLUMN_DOCS.get(c, "") for c in columns}
     atomic_write_text(folder / "README.md", dataset_card(about, {"default": "split.parquet"}, fields,
                                                          "Load it with `datasets.load_dataset(THIS_FOLDER)`.\n"))
 
 
 def _parquet_value(column: str, value: Any) -> Any:
-    import json
-
     return json.dumps(value) if column == "attack_chain" else value  # edits carry mixed-type arguments
 
 

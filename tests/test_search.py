@@ -161,10 +161,9 @@ def test_first_success_is_dated_at_its_own_candidate(seed_items):
     state = ItemState(item, get_objective("stereotype"), np.random.default_rng(0), budget=30, cost_per_candidate=3)
     root = Candidate.root(item)
     clean = np.eye(3)[item.gold]
-    state.queries += 3
     state.record(Request([root]), clean[None])
     children = [root.with_slot("persona", "persona", f"You are person {k}.") for k in range(3)]
     probs = np.array([np.eye(3)[item.gold], np.eye(3)[item.target], np.eye(3)[item.target]])
-    state.queries += 3 * len(children)  # the driver charges the whole request first
     state.record(Request(children), probs)
     assert state.first_success_query == 3 + 2 * 3  # the clean prompt, then the second child
+    assert state.queries == 3 + 3 * 3  # the whole request is charged

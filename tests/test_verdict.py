@@ -111,7 +111,7 @@ def test_attack_summary_counts_like_textattack():
 
     eligible = np.array([True, True, True, False])
     success = np.array([True, False, True, True])  # the last succeeded but was never eligible: skipped
-    summary = attack_summary(eligible, success, np.array([5, 10, 3, 7]), [4, None, 2, 1],
+    summary = attack_summary(eligible, success, np.array([5, 10, 3, 7]), np.array([4, np.inf, 2, 1]),
                              np.array([0.1, 0.0, 0.3, 0.5]))
     assert summary == {"succeeded": 2, "failed": 1, "skipped": 1, "mean_perturbed_word_share": 0.2,
                        "mean_queries": 6.0, "mean_queries_to_success": 3.0}
