@@ -77,7 +77,8 @@ def world(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dic
     write("long.jsonl", json.dumps(long_item) + "\n")
     for name, damage in (("corrupt-score", lambda run: (run / "score.json").write_text("{\"items\": ")),
                          ("corrupt-trace", _damage_trace_middle),
-                         ("corrupt-config", lambda run: (run / "config.yaml").write_text("command: [\n"))):
+                         ("corrupt-config", lambda run: (run / "config.yaml").write_text("command: [\n")),
+                         ("old-score", _drop_schema_version)):
         copy = root / name
         shutil.copytree(search, copy)
         damage(copy)
@@ -89,6 +90,12 @@ def _seed_record() -> dict:
     from flexsearch.seed import seed_records
 
     return seed_records()[0][1]
+
+
+def _drop_schema_version(run: Path) -> None:
+    score = json.loads((run / "score.json").read_text())
+    del score["schema_version"]  # as written before score schema 2
+    (run / "score.json").write_text(json.dumps(score))
 
 
 def _damage_trace_middle(run: Path) -> None:
@@ -215,6 +222,9 @@ CASES: list[tuple[str, list[str], str]] = [
     ("tune-space-file", ["tune", "--space", "{syntax.yaml}", "--model", "{model}"], "syntax.yaml:3: YAML error"),
     ("finetune-policy", ["finetune", "--out", "{root}/a", "--policy", "gould"], "Did you mean 'gold'"),
     ("finetune-share", ["finetune", "--out", "{root}/a", "--prefix-share", "2"], "--prefix-share must lie in"),
+    ("finetune-orders", ["finetune", "--out", "{root}/a", "--orders-per-item", "4"],
+     "Invalid value for '--orders-per-item'"),
+    ("report-old-score", ["report", "{old-score}", "--out", "{root}/r.html"], "written by an older flexsearch"),
     ("finetune-into-search", ["finetune", "--out", "{search}", "--eval-share", "0"], "is not an adapter directory"),
     ("tune-into-search", ["tune", "--space", "operator_families", "--out", "{search}"], "holds a 'search' run"),
     ("export-format", ["export", "{search}", "{root}/a", "--to", "csv"], "--to: unknown export format 'csv'"),
@@ -234,7 +244,7 @@ def _fill(args: list[str], world: dict[str, Path]) -> list[str]:
 @pytest.mark.parametrize(("args", "message"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
 def test_bad_input_is_one_line_exit_two_and_changes_nothing(world, args, message):
     existing = [world["search"], world["eval"], world["corrupt-trace"], world["corrupt-score"],
-                world["corrupt-config"], world["stranger"]]
+                world["corrupt-config"], world["old-score"], world["stranger"]]
     before = snapshot(existing)
     result = runner.invoke(app, _fill(args, world))
     lines = [line for line in result.output.splitlines() if line.strip()]
