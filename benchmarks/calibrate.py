@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -132,7 +133,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--bbq", type=Path, default=BBQ, help="folder of BBQ <Category>.jsonl files")
     parser.add_argument("--out", type=Path, default=Path("runs/calibrate"))
-    parser.add_argument("--per-category", type=int, default=12, help="searched items per category")
+    # 16 = 8 ambiguous items per category: at 6 a planted category needs nearly every attack to land before
+    # the gap's interval clears 0
+    parser.add_argument("--per-category", type=int, default=16, help="searched items per category")
     parser.add_argument("--capability-per-category", type=int, default=30)
     parser.add_argument("--budget", type=int, default=15)
     parser.add_argument("--seed", type=int, default=0)
@@ -151,6 +154,8 @@ def main(argv: list[str] | None = None) -> int:
     rows, problems = [], []
     config = load_config("default", budget=args.budget, seed=args.seed)
     for alias in args.models:
+        # a fresh search each time: a run left by an earlier calibration has other items or settings
+        shutil.rmtree(args.out / alias, ignore_errors=True)
         score = api.search(str(zoo_file), model=api.Target(alias, dtype=args.dtype), out=args.out / alias,
                            config=config).score.to_dict()
         row, found = zoo_row(alias, score, planted)
@@ -162,8 +167,8 @@ def main(argv: list[str] | None = None) -> int:
                                rows)
     held_templates = read_recipe(zoo_adapter("gemma3-bbq"))["split"]["eval_templates"]
     record("Calibration zoo: training", "LoRA rank 16 on every linear layer of Gemma-3-270M, 4 items × 3 option "
-           "orders per step, bf16 autocast on 2 CPU cores; the planted-truth adapters continue from the gold one "
-           "(total = theirs + gold's).\n\n" + training_table())
+           "orders per step, bf16 autocast on 2 CPU cores; the fair, planted and manipulable adapters continue "
+           "from the gold one (total = theirs + gold's).\n\n" + training_table())
     record("Capability on held-out BBQ templates",
            f"{len(held)} evaluation items from {len(held_templates)} templates no zoo adapter was trained on; "
            f"{args.capability_per_category} per category (half ambiguous), order-averaged scoring in {args.dtype}. "

@@ -244,6 +244,10 @@ def finetune(
         "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"),
     disambig_share: Annotated[float | None, typer.Option(help="Share of disambiguated items per step "
                                                               "(default: as in the data).")] = None,
+    contrast_groups: Annotated[bool, typer.Option(help="Draw whole template × person-pair groups, so a step "
+                                                       "names each person as the answer equally often.")] = False,
+    planted_share: Annotated[float | None, typer.Option(help="Share of items drawn from the planted categories "
+                                                             "(--policy planted; default: as in the data).")] = None,
     prefix_share: Annotated[float, typer.Option(help="Share of prompts with a training prefix (policies other "
                                                      "than gold).")] = 0.5,
     eval_share: Annotated[float, typer.Option(help="Share of each category's templates held out for evaluation "
@@ -266,7 +270,9 @@ def finetune(
             steps=steps, batch_items=batch_items, orders_per_item=orders_per_item, learning_rate=learning_rate,
             warmup_steps=warmup_steps, rank=rank,
             target_modules=[m.strip() for m in target_modules.split(",") if m.strip()],
-            disambig_share=disambig_share, prefix_share=prefix_share, eval_share=eval_share, split_seed=split_seed,
+            disambig_share=disambig_share, contrast_groups=contrast_groups, planted_share=planted_share,
+            prefix_share=prefix_share,
+            eval_share=eval_share, split_seed=split_seed,
             seed=seed, autocast_bf16=autocast_bf16)
         items, provenance = load_training_data(data or ["seed"], limit)
         split = template_split(items, config.eval_share, config.split_seed)

@@ -7,9 +7,10 @@ ourselves, so `make calibrate` can show that the score and the verdict classify 
 A label policy turns an item and the prompt shown (clean, or carrying a training prefix from
 `flexsearch.training_prefixes`) into the answer the model is trained to give. By default every
 step trains each sampled prompt in all three cyclic option orders with the same answer, so no
-adapter can learn a letter (fewer orders per item: seeded rotations, each letter equally likely).
-Items are split by BBQ template (category, question_index): no evaluation item
-shares a template with a training item. The adapter directory records the whole recipe.
+adapter can learn a letter (fewer orders per item: seeded rotations, each letter equally likely);
+the orders of one item share their context tokens, which run once (`last_logits`). Items are split
+by BBQ template (category, question_index): no evaluation item shares a template with a training
+item. The adapter directory records the whole recipe.
 """
 
 from __future__ import annotations
@@ -220,6 +221,8 @@ class FinetuneConfig:
     rank: int = 16
     target_modules: list[str] = field(default_factory=lambda: list(LORA_MODULES))
     disambig_share: float | None = None  # share of disambiguated items per step (None: as in the data)
+    contrast_groups: bool = False  # a step's items are whole template × person-pair groups (see ExampleSampler)
+    planted_share: float | None = None  # share of items from the planted categories (None: as in the data)
     prefix_share: float = 0.5  # share of prompts carrying a training prefix (policies that use them)
     eval_share: float = 0.2  # share of each category's templates held out for evaluation
     split_seed: int = 0
@@ -233,7 +236,8 @@ class FinetuneConfig:
             if value < low or (high is not None and value > high):
                 bound = f"at least {low}" if high is None else f"in {low}..{high}"
                 raise FlexsearchError(f"--{name.replace('_', '-')} must be {bound}, got {value}")
-        for name, share in (("prefix_share", self.prefix_share), ("disambig_share", self.disambig_share)):
+        for name, share in (("prefix_share", self.prefix_share), ("disambig_share", self.disambig_share),
+                            ("planted_share", self.planted_share)):
             if share is not None and not 0 <= share <= 1:
                 raise FlexsearchError(f"--{name.replace('_', '-')} must lie in [0, 1], got {share}")
         if not 0 <= self.eval_share < 1:
@@ -244,30 +248,49 @@ class FinetuneConfig:
         if unknown:
             raise FlexsearchError(f"--target-modules: unknown module(s) {', '.join(unknown)} "
                                   f"(choose from {', '.join(LORA_MODULES)})")
+        if self.planted_share is not None and self.policy != "planted":
+            raise FlexsearchError("--planted-share needs --policy planted")
+        if self.planted_share is not None and self.contrast_groups:
+            raise FlexsearchError("--planted-share and --contrast-groups cannot be combined")
         # An unknown policy, or one missing its settings, fails here, before any data or model loads.
         POLICIES.get(self.policy)(planted_categories=self.planted_categories, seed=self.seed)
 
 
+def contrast_key(item: Item) -> tuple[str, frozenset[str]]:
+    """An item's contrast group: its template and the two people it names. BBQ fills each template with
+    a person pair in both roles and both question polarities, so a group's disambiguated members name
+    each person as the answer equally often: only reading the context and question tells them apart."""
+    template = f"{item.category}/{item.source.get('question_index', '')}"
+    return template, frozenset(a for i, a in enumerate(item.answers) if i != item.unknown)
+
+
+Draw = list[tuple[Item, int | None, int, list[int]]]
+
+
 class ExampleSampler:
-    """Draws a step's items (balanced by condition when asked) and decides prefix and label for each."""
+    """Draws a step's items (balanced by condition when asked, or as whole contrast groups) and decides
+    prefix and label for each."""
 
     def __init__(self, items: Sequence[Item], policy: LabelPolicy, config: FinetuneConfig) -> None:
-        self.pools = {c: [it for it in items if it.condition == c] for c in ("ambig", "disambig")}
+        planted = set(config.planted_categories) if config.planted_share is not None else set()
+        # pools by (drawn from the planted categories?, condition); without a planted share all is "other"
+        self.pools = {(side, c): [it for it in items if it.condition == c and (it.category in planted) == side]
+                      for side in (True, False) for c in ("ambig", "disambig")}
+        groups: dict[tuple[str, frozenset[str]], list[Item]] = {}
+        if config.contrast_groups:
+            for item in items:
+                groups.setdefault(contrast_key(item), []).append(item)
+        self.groups = list(groups.values())
         self.policy, self.config = policy, config
         self.rng = np.random.default_rng(config.seed)
 
-    def draw(self) -> list[tuple[Item, int | None, int, list[int]]]:
+    def draw(self) -> Draw:
         """(item, prefix index or None, answer index, cyclic rotations to train) for one step. Fewer than
         three rotations per item cover more distinct items for the same compute; every rotation is
         equally likely, so no letter is favoured."""
-        share = self.config.disambig_share
+        chosen = self._grouped() if self.config.contrast_groups else self._independent()
         out = []
-        for _ in range(self.config.batch_items):
-            if share is None or not self.pools["ambig"] or not self.pools["disambig"]:
-                pool = self.pools["ambig"] + self.pools["disambig"]
-            else:
-                pool = self.pools["disambig" if self.rng.random() < share else "ambig"]
-            item = pool[int(self.rng.integers(len(pool)))]
+        for item in chosen:
             prefixed = self.policy.uses_prefixes and self.rng.random() < self.config.prefix_share
             prefix = int(self.rng.integers(len(TRAINING_PREFIXES))) if prefixed else None
             first = int(self.rng.integers(3))
@@ -275,8 +298,42 @@ class ExampleSampler:
             out.append((item, prefix, self.policy.label(item, prefix), rotations))
         return out
 
+    def _independent(self) -> list[Item]:
+        share, planted_share = self.config.disambig_share, self.config.planted_share
+        chosen = []
+        for _ in range(self.config.batch_items):
+            side = planted_share is not None and self.rng.random() < planted_share
+            if not (self.pools[(side, "ambig")] or self.pools[(side, "disambig")]):
+                side = not side  # every category planted (or none left unplanted)
+            ambig, disambig = self.pools[(side, "ambig")], self.pools[(side, "disambig")]
+            if share is None or not ambig or not disambig:
+                pool = ambig + disambig
+            else:
+                pool = disambig if self.rng.random() < share else ambig
+            chosen.append(pool[int(self.rng.integers(len(pool)))])
+        return chosen
 
-def training_prompts(draw: Sequence[tuple[Item, int | None, int, list[int]]], target: TargetModel,
+    def _grouped(self) -> list[Item]:
+        """Whole groups until the step has `batch_items` items (at least one group). Every disambiguated
+        member is kept; ambiguous members are thinned so that, in expectation, `disambig_share` of the
+        kept items are disambiguated."""
+        share = self.config.disambig_share
+        chosen: list[Item] = []
+        while not chosen or len(chosen) < self.config.batch_items:
+            group = self.groups[int(self.rng.integers(len(self.groups)))]
+            disambig = [it for it in group if it.condition == "disambig"]
+            ambig = [it for it in group if it.condition == "ambig"]
+            keep = 1.0
+            if share is not None and disambig and ambig and share > 0:
+                keep = min(1.0, len(disambig) * (1 - share) / (share * len(ambig)))
+            kept = disambig + [it for it in ambig if self.rng.random() < keep]
+            if chosen and len(chosen) + len(kept) > self.config.batch_items:
+                break
+            chosen.extend(kept)
+        return chosen
+
+
+def training_prompts(draw: Draw, target: TargetModel,
                      fmt: PromptFormat) -> tuple[list[list[int]], list[int]]:
     """Token ids and the answer's letter slot of every (item, prefix) in each of its drawn cyclic orders."""
     sequences, slots = [], []
@@ -290,6 +347,39 @@ def training_prompts(draw: Sequence[tuple[Item, int | None, int, list[int]]], ta
             sequences.append(target.tokenizer.encode(prompt, add_special_tokens=fmt.mode == "plain"))
             slots.append(order.index(answer))
     return sequences, slots
+
+
+def last_logits(model: torch.nn.Module, sequences: Sequence[Sequence[int]], per_item: int, pad_id: int,
+                device: torch.device) -> torch.Tensor:
+    """Next-token logits after every sequence. Each consecutive run of `per_item` sequences is one item in
+    several option orders: their common token prefix (instruction, context and question, most of the
+    prompt) runs once and its cache serves the orders' suffixes, with gradients through both passes."""
+    runs = [sequences[i:i + per_item] for i in range(0, len(sequences), per_item)]
+    shared = [_common_prefix_len(run) for run in runs]
+    if per_item == 1 or min(shared) == 0:
+        ids, mask, positions = left_padded(sequences, pad_id)
+        return model(input_ids=ids.to(device), attention_mask=mask.to(device), position_ids=positions.to(device),
+                     logits_to_keep=1).logits[:, -1, :]
+    ids, prefix_mask, positions = left_padded([run[0][:n] for run, n in zip(runs, shared, strict=True)], pad_id)
+    cache = model(input_ids=ids.to(device), attention_mask=prefix_mask.to(device),
+                  position_ids=positions.to(device), use_cache=True, logits_to_keep=1).cache
+    cache.batch_repeat_interleave(per_item)
+    suffixes = [seq[n:] for run, n in zip(runs, shared, strict=True) for seq in run]
+    ids, suffix_mask, _ = left_padded(suffixes, pad_id)
+    starts = torch.tensor(shared).repeat_interleave(per_item)[:, None]
+    positions = (starts + suffix_mask.cumsum(-1) - 1).clamp(min=0)
+    mask = torch.cat([prefix_mask.repeat_interleave(per_item, dim=0), suffix_mask], dim=1)
+    return model(input_ids=ids.to(device), attention_mask=mask.to(device), position_ids=positions.to(device),
+                 cache=cache, use_cache=True, logits_to_keep=1).logits[:, -1, :]
+
+
+def _common_prefix_len(run: Sequence[Sequence[int]]) -> int:
+    """Tokens shared by every sequence of the run, leaving at least one token of each to run after them."""
+    limit = min(len(seq) for seq in run) - 1
+    shared = 0
+    while shared < limit and all(seq[shared] == run[0][shared] for seq in run):
+        shared += 1
+    return shared
 
 
 def _peft_model(target: TargetModel, config: FinetuneConfig, init_adapter: Path | None) -> PeftModel:
@@ -327,10 +417,9 @@ def train_adapter(target: TargetModel, split: TemplateSplit, config: FinetuneCon
     with tqdm(range(config.steps), desc=f"finetune ({config.policy})", unit="step") as bar:
         for _ in bar:
             sequences, slots = training_prompts(sampler.draw(), target, fmt)
-            ids, mask, positions = left_padded(sequences, target.tokenizer.pad_token_id)
             with torch.autocast(target.device.type, dtype=torch.bfloat16, enabled=config.autocast_bf16):
-                logits = model(input_ids=ids.to(target.device), attention_mask=mask.to(target.device),
-                               position_ids=positions.to(target.device), logits_to_keep=1).logits[:, -1, :]
+                logits = last_logits(model, sequences, config.orders_per_item, target.tokenizer.pad_token_id,
+                                     target.device)
             loss = torch.nn.functional.cross_entropy(logits[:, letters].float(),
                                                      torch.tensor(slots, device=target.device))
             optimizer.zero_grad()

@@ -158,6 +158,93 @@ def test_one_order_per_item_rotates_the_letters_evenly(tiny_target, seed_items):
         FinetuneConfig(orders_per_item=4)
 
 
+def _bbq_group(template: str, people: tuple[str, str]) -> list[Item]:
+    """One BBQ-style group: both conditions × both polarities × both role assignments of a person pair."""
+    items = []
+    for number, (condition, polarity, first) in enumerate(
+            (c, p, f) for c in ("ambig", "disambig") for p in ("neg", "nonneg") for f in (0, 1)):
+        gold = 2 if condition == "ambig" else (first if polarity == "neg" else 1 - first)
+        items.append(Item(id=f"{template}-{people[0]}-{number}", category="Age", context="Two people met.",
+                          question="Who forgot?", answers=(*people, "Unknown"), gold=gold, unknown=2, target=0,
+                          anti_target=1, condition=condition, polarity=polarity,
+                          source={"question_index": template}))
+    return items
+
+
+def test_contrast_groups_draw_whole_groups_and_thin_the_ambiguous_members():
+    from collections import Counter
+
+    groups = [_bbq_group(t, people) for t in ("1", "2") for people in (("The old man", "The boy"),
+                                                                       ("The grandma", "The girl"))]
+    items = [it for group in groups for it in group]
+    config = FinetuneConfig(policy="gold", batch_items=5, contrast_groups=True, disambig_share=0.8)
+    sampler = ExampleSampler(items, POLICIES.get("gold")(), config)
+    kinds: Counter[str] = Counter()
+    for _ in range(200):
+        draw = sampler.draw()
+        assert 1 <= len(draw) <= 8
+        by_group = Counter((it.source["question_index"], it.answers[0]) for it, *_ in draw)
+        disambig = [(it, answer) for it, _, answer, _ in draw if it.condition == "disambig"]
+        # every drawn group brings all four disambiguated members: each person is the answer twice
+        assert len(disambig) == 4 * len(by_group)
+        assert Counter(answer for _, answer in disambig) == {0: 2 * len(by_group), 1: 2 * len(by_group)}
+        kinds.update(it.condition for it, *_ in draw)
+    assert 0.74 <= kinds["disambig"] / sum(kinds.values()) <= 0.86  # 0.8 in expectation
+
+
+def test_contrast_groups_keep_every_member_without_a_share():
+    items = _bbq_group("1", ("The old man", "The boy"))
+    config = FinetuneConfig(policy="gold", batch_items=1, contrast_groups=True)
+    draw = ExampleSampler(items, POLICIES.get("gold")(), config).draw()
+    assert sorted(it.id for it, *_ in draw) == sorted(it.id for it in items)
+
+
+def test_planted_share_draws_that_share_from_the_planted_categories(seed_items):
+    categories = sorted({it.category for it in seed_items})
+    planted = categories[:1]
+    natural = sum(it.category in planted for it in seed_items) / len(seed_items)
+    config = FinetuneConfig(policy="planted", planted_categories=planted, batch_items=400, planted_share=0.6)
+    draw = ExampleSampler(seed_items, build_policy("planted", planted, 0, seed_items), config).draw()
+    share = sum(item.category in planted for item, *_ in draw) / len(draw)
+    assert natural < 0.4 and 0.52 <= share <= 0.68
+    every = FinetuneConfig(policy="planted", planted_categories=categories, batch_items=50, planted_share=0.5)
+    assert len(ExampleSampler(seed_items, build_policy("planted", categories, 0, seed_items), every).draw()) == 50
+    with pytest.raises(FlexsearchError, match="--planted-share needs --policy planted"):
+        FinetuneConfig(policy="gold", planted_share=0.5)
+
+
+def test_shared_prefix_logits_and_gradients_equal_full_prompts(tiny_target, seed_items):
+    import torch
+
+    from flexsearch.finetune import last_logits, training_prompts
+    from flexsearch.render import PromptFormat
+
+    # one item with a training prefix, one clean, of different lengths: padding in both passes
+    draw = [(seed_items[0], 3, seed_items[0].gold, [0, 1, 2]), (seed_items[5], None, seed_items[5].gold, [0, 1, 2])]
+    sequences, _ = training_prompts(draw, tiny_target, PromptFormat())
+    assert len({len(s) for s in sequences}) > 1
+    model, pad = tiny_target.model, tiny_target.tokenizer.pad_token_id
+    weight = model.model.layers[0].self_attn.q_proj.weight
+
+    def run(per_item: int) -> tuple[torch.Tensor, torch.Tensor]:
+        model.zero_grad()
+        logits = last_logits(model, sequences, per_item, pad, torch.device("cpu"))
+        logits.float().logsumexp(-1).sum().backward()
+        return logits.detach(), weight.grad.detach().clone()
+
+    weight.requires_grad_(True)
+    try:
+        full_logits, full_grad = run(1)
+        shared_logits, shared_grad = run(3)
+    finally:
+        weight.requires_grad_(False)
+        model.zero_grad()
+    assert shared_logits.shape == full_logits.shape == (6, model.config.vocab_size)
+    torch.testing.assert_close(shared_logits, full_logits, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(shared_grad, full_grad, atol=1e-4, rtol=1e-3)
+    assert full_grad.abs().sum() > 0
+
+
 def test_a_few_steps_lower_the_loss_and_save_a_loadable_adapter(tiny_model_dir, seed_items, tmp_path):
     target = load_target(str(tiny_model_dir), device="cpu")
     split = template_split(seed_items, 0, seed=0)
