@@ -153,7 +153,6 @@ LM_EVAL_UTILS = '''"""Document loading and the order-averaged aggregation of a t
 
 import json
 import math
-import json
 import re
 from pathlib import Path
 
