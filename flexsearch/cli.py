@@ -271,9 +271,8 @@ def finetune(
             warmup_steps=warmup_steps, rank=rank,
             target_modules=[m.strip() for m in target_modules.split(",") if m.strip()],
             disambig_share=disambig_share, contrast_groups=contrast_groups, planted_share=planted_share,
-            prefix_share=prefix_share,
-            eval_share=eval_share, split_seed=split_seed,
-            seed=seed, autocast_bf16=autocast_bf16)
+            prefix_share=prefix_share, eval_share=eval_share, split_seed=split_seed, seed=seed,
+            autocast_bf16=autocast_bf16)
         items, provenance = load_training_data(data or ["seed"], limit)
         split = template_split(items, config.eval_share, config.split_seed)
         build_policy(config.policy, config.planted_categories, config.seed, split.train)

@@ -280,7 +280,9 @@ class ExampleSampler:
         if config.contrast_groups:
             for item in items:
                 groups.setdefault(contrast_key(item), []).append(item)
-        self.groups = list(groups.values())
+        # each group as (disambiguated members, ambiguous members)
+        self.groups = [([it for it in g if it.condition == "disambig"], [it for it in g if it.condition == "ambig"])
+                       for g in groups.values()]
         self.policy, self.config = policy, config
         self.rng = np.random.default_rng(config.seed)
 
@@ -320,9 +322,7 @@ class ExampleSampler:
         share = self.config.disambig_share
         chosen: list[Item] = []
         while not chosen or len(chosen) < self.config.batch_items:
-            group = self.groups[int(self.rng.integers(len(self.groups)))]
-            disambig = [it for it in group if it.condition == "disambig"]
-            ambig = [it for it in group if it.condition == "ambig"]
+            disambig, ambig = self.groups[int(self.rng.integers(len(self.groups)))]
             keep = 1.0
             if share is not None and disambig and ambig and share > 0:
                 keep = min(1.0, len(disambig) * (1 - share) / (share * len(ambig)))
