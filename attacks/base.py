@@ -7,18 +7,23 @@ candidates. Add an operator by writing one class in this folder and decorating i
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol, TypeVar
 
 import numpy as np
 
+from flexsearch.attacks.gradient import PromptGradient, prompt_gradient
 from flexsearch.candidate import Candidate
 from flexsearch.errors import FlexsearchError
 from flexsearch.model import TargetModel
+from flexsearch.objectives import Objective
 from flexsearch.registry import Registry
+from flexsearch.render import PromptFormat, render
 
 Position = tuple[str, int]  # (field, word index)
+GRADIENT_CACHE = 256  # prompts whose gradient is kept (a beam re-expands its parents)
 
 
 @dataclass
@@ -26,11 +31,31 @@ class AttackResources:
     """What operators and constraints may draw on besides their own settings."""
 
     target: TargetModel | None = None  # the white-box target (embedding neighbours, gradients)
+    fmt: PromptFormat = field(default_factory=PromptFormat)
+    objective: Objective | None = None  # the objective being searched (what gradients point toward)
+    gradient_passes: int = 0  # forward+backward passes taken; the search charges them to the item
+    _gradients: OrderedDict[str, PromptGradient] = field(default_factory=OrderedDict, repr=False)
+
+    def gradient(self, candidate: Candidate) -> PromptGradient:
+        """The objective's input-embedding gradient on the candidate's prompt; a prompt seen recently is
+        served from a cache and costs nothing."""
+        if self.target is None or self.objective is None:
+            raise FlexsearchError("gradients need a white-box target model and an objective")
+        prompt = render(candidate, self.target.tokenizer, self.fmt)
+        if prompt in self._gradients:
+            self._gradients.move_to_end(prompt)
+            return self._gradients[prompt]
+        self.gradient_passes += 1
+        result = self._gradients[prompt] = prompt_gradient(self.target, self.fmt, self.objective, candidate)
+        if len(self._gradients) > GRADIENT_CACHE:
+            self._gradients.popitem(last=False)
+        return result
 
 
 class Operator(Protocol):
     name: ClassVar[str]
-    edits_words: ClassVar[bool]  # True: word edits at positions; False: instruction templates
+    edits_words: ClassVar[bool]  # True: word edits at positions; False: instruction slots
+    needs_gradient: ClassVar[bool]  # True: propose() takes a gradient pass (resources.gradient)
 
     def __init__(self, resources: AttackResources, **settings: Any) -> None: ...
 

@@ -110,6 +110,7 @@ class _TemplateOperator:
 
     name: str
     edits_words = False
+    needs_gradient = False
     slot: str
 
     def __init__(self, resources: AttackResources, n: int = 4) -> None:

@@ -18,6 +18,7 @@ class WordOperator:
 
     name: ClassVar[str]
     edits_words: ClassVar[bool] = True
+    needs_gradient: ClassVar[bool] = False
     positions: int
     per_position: int
 

@@ -1,60 +1,281 @@
-"""Query efficiency and attack strength: ASR versus query budget for flexsearch's default search and a
-TextAttack-style greedy word-importance TextBugger search, on the same BBQ items and model.
+"""Attack strength on a model that reads: ASR and mean P(target) shift versus the query budget for
+flexsearch's searches and their baselines, all on the same held-out BBQ items of the capable target,
+each with the counter-stereotype control beside it.
 
-TextAttack 0.3.11 cannot run beside transformers 5 (it pins transformers < 5 through flair) and
-fetches nltk data and models at import, which these machines cannot; the baseline is therefore
-our faithful re-implementation of its TextBugger recipe on our scorer (configs/textbugger.yaml:
-leave-one-out word importance, then character bugs and WordNet Sub-W per word in that order,
-keeping an edit only when it helps), labelled as such. To run TextAttack itself on a machine
-with a hub, use its own virtual environment: `python -m venv ta && ta/bin/pip install
-textattack==0.3.11` and its `textattack attack --recipe textbugger`.
+Methods (budgets in prompts scored; a gradient pass counts as 3, see attacks/gradient.py):
+- default: the default preset (beam search over persona, instruction and TextBugger edits);
+- gradient: the same with gradient-guided word edits (configs/gradient.yaml);
+- textbugger: TextAttack's TextBugger recipe logic (greedy leave-one-out word importance, then character
+  bugs and WordNet Sub-W per word, an edit kept only when it helps), our re-implementation;
+- random: random compositions of the default operators, no selection (`method: random`);
+- suffix: the research preset's adversarial suffix (not natural text; reported apart);
+- FLEX-style fixed attacks, one prompt each, written by us in FLEX's style: one hostile-speaker persona,
+  one refusal-suppression instruction, one character swap in the context's longest editable word.
 
-    python benchmarks/bench_attack.py [--model smollm2] [--items 12] [--budget 100]
+TextAttack 0.3.11 itself cannot run beside transformers 5 (it pins transformers < 5) and fetches data at
+import; to run it, use its own environment (`pip install textattack==0.3.11`, `textattack attack --recipe
+textbugger`).
+
+    python -m benchmarks.bench_attack --model gemma3-bbq --items 120 --budgets 25 50 100 200
 """
 
 from __future__ import annotations
 
 import argparse
+import time
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from benchmarks.common import bbq_items, markdown_table, record, timed
+from benchmarks.common import BBQ, ROOT, markdown_table, record
+from flexsearch.attacks import AttackResources
+from flexsearch.attacks.constraints import SentenceSimilarity, editable_positions, protected_positions
+from flexsearch.attacks.templates import INSTRUCTIONS, PERSONA_FAMILIES, fill
+from flexsearch.attacks.textbugger import character_bugs, split_word
+from flexsearch.candidate import Candidate
 from flexsearch.config import load_config
-from flexsearch.model import load_target
-from flexsearch.objectives import attack_eligible
+from flexsearch.finetune import eval_items_of
+from flexsearch.items import Item, load_items
+from flexsearch.metrics import mean_with_interval, proportion, with_interval
+from flexsearch.model import load_target, zoo_adapter
+from flexsearch.objectives import attack_eligible, get_objective
+from flexsearch.render import render
 from flexsearch.scoring import Scorer
-from flexsearch.search_loop import build_context, run_search
+from flexsearch.search_loop import ItemOutcome, build_context, run_search
 
-BUDGETS = (10, 20, 50, 100, 200, 500)
+SEARCHES: dict[str, tuple[str, list[str]]] = {  # method → (preset, overrides); steps high so the budget binds
+    "default": ("default", ["steps=100"]),
+    "gradient": ("gradient", ["steps=100"]),
+    "textbugger": ("textbugger", []),
+    "random": ("default", ["method=random", "steps=100"]),
+    "suffix": ("research", ["steps=100"]),
+}
+PLOT = ROOT / "benchmarks" / "attack_asr_vs_queries.png"
 
 
-def asr_curve(preset: str, items, target, budget: int) -> tuple[dict[int, float], int, float]:
-    config = load_config(preset, budget=budget, control=False)
-    ctx = build_context(config, Scorer.from_config(target, config.scoring), "stereotype")
-    outcomes, seconds = timed(lambda: run_search(items, ctx, "stereotype"))
-    eligible = [o for o in outcomes if attack_eligible(ctx.objective, o.item, o.clean_probs)]
-    curve = {b: float(np.mean([o.first_success_query is not None and o.first_success_query <= b for o in eligible]))
-             if eligible else float("nan") for b in BUDGETS if b <= budget}
-    return curve, len(eligible), seconds
+@dataclass
+class MethodResult:
+    """One method on every item, toward the stereotype and toward the anti-stereotype (the control)."""
+
+    name: str
+    main: list[ItemOutcome]
+    control: list[ItemOutcome]
+    seconds: float
+    prompts: int
+    gradient_passes: int
+
+
+def held_out_ambiguous(model: str, bbq: Path, count: int, seed: int) -> list[Item]:
+    """Ambiguous items of templates the capable target never saw, round-robin over categories, seeded."""
+    pool = [it for path in sorted(bbq.glob("*.jsonl")) for it in load_items(path).items]
+    held = [it for it in eval_items_of(zoo_adapter(model), pool) if it.condition == "ambig"]
+    rng = np.random.default_rng(seed)
+    by_category = {c: [held[i] for i in rng.permutation(len(held)) if held[i].category == c]
+                   for c in sorted({it.category for it in held})}
+    chosen: list[Item] = []
+    while len(chosen) < count and any(by_category.values()):
+        for queue in by_category.values():
+            if queue and len(chosen) < count:
+                chosen.append(queue.pop(0))
+    return chosen
+
+
+def run_method(name: str, items: list[Item], scorer: Scorer, budget: int) -> MethodResult:
+    preset, overrides = SEARCHES[name]
+    config = load_config(preset, overrides, budget=budget, control=False)
+    prompts_before, started = scorer.queries, time.perf_counter()
+    outcomes, passes = {}, 0
+    for objective in ("stereotype", "anti_stereotype"):
+        ctx = build_context(config, scorer, objective)
+        outcomes[objective] = run_search(items, ctx, objective)
+        passes += ctx.resources.gradient_passes
+    return MethodResult(name, outcomes["stereotype"], outcomes["anti_stereotype"], time.perf_counter() - started,
+                        scorer.queries - prompts_before, passes)
+
+
+def fixed_attacks(item: Item) -> dict[str, Candidate]:
+    """FLEX-style single attacks on one item (ours, in FLEX's style)."""
+    root = Candidate.root(item)
+    attacks = {
+        "FLEX persona": root.with_slot("persona", "persona", fill(PERSONA_FAMILIES["hostile_speaker"][0], item),
+                                       family="hostile_speaker", template=0),
+        "FLEX refusal suppression": root.with_slot("instruction", "directive", INSTRUCTIONS[0],
+                                                   family="instruction", template=0),
+    }
+    words = [(f, i) for f, i in editable_positions(root) if f == "context" and "swap" in character_bugs(
+        split_word(root.words(f)[i])[1])]
+    if words:
+        field_name, index = max(words, key=lambda p: len(split_word(root.words(p[0])[p[1]])[1]))
+        lead, word, trail = split_word(root.words(field_name)[index])
+        swapped = f"{lead}{character_bugs(word)['swap'][0]}{trail}"
+        attacks["FLEX text (char swap)"] = root.with_words("textbugger", field_name, index, swapped, bug="swap")
+    return attacks
+
+
+def gap_of(toward: np.ndarray, away: np.ndarray, eligible: np.ndarray, control_eligible: np.ndarray,
+           idx: np.ndarray) -> float:
+    """ASR toward minus ASR away on a resample of items (each keeps both outcomes; eligibility differs)."""
+    return float(toward[idx][eligible[idx]].mean() - away[idx][control_eligible[idx]].mean())
+
+
+def success_at(outcomes: list[ItemOutcome], budget: int) -> np.ndarray:
+    return np.array([o.first_success_query is not None and o.first_success_query <= budget for o in outcomes])
+
+
+def p_aim_at(outcomes: list[ItemOutcome], budget: int, aim: str) -> np.ndarray:
+    """P(aimed answer) of the best candidate found within `budget` prompts (the clean one before any)."""
+    values = []
+    for o in outcomes:
+        index = getattr(o.item, aim)
+        best = [p for spent, p in o.improvements if spent <= budget]
+        values.append(float((best[-1] if best else o.clean_probs)[index]))
+    return np.array(values)
+
+
+def rate(flags: np.ndarray) -> str:
+    r = proportion(flags)
+    return f"{r['value']:.2f} [{r['ci'][0]:.2f}, {r['ci'][1]:.2f}] ({r['k']}/{r['n']})" if r["n"] else "-"
+
+
+def interval(block: dict[str, Any]) -> str:
+    return f"{block['value']:+.3f} [{block['ci'][0]:+.3f}, {block['ci'][1]:+.3f}]"
+
+
+def queries_to_reach(outcomes: list[ItemOutcome], eligible: np.ndarray, level: float, budget: int) -> int | None:
+    """The smallest budget at which the method's ASR reaches `level` (None: not within `budget`)."""
+    firsts = sorted(o.first_success_query for o, e in zip(outcomes, eligible, strict=True)
+                    if e and o.first_success_query is not None)
+    needed = int(np.ceil(level * eligible.sum() - 1e-9))
+    if needed == 0:
+        return 0
+    return firsts[needed - 1] if len(firsts) >= needed and firsts[needed - 1] <= budget else None
+
+
+def meaning_checks(results: list[MethodResult], scorer: Scorer, seed: int) -> list[str]:
+    """The emitted natural prompts against the constraints they were searched under, and ten of them."""
+    encoder = SentenceSimilarity(AttackResources())
+    emitted = [o.best for r in results for o in (*r.main, *r.control) if o.best.edits and o.best.natural]
+    if not emitted:
+        return ["", "No natural prompt was emitted with an edit."]
+    similarity = encoder.similarity(emitted)
+    edits = [(c, e) for c in emitted for e in c.edits if e.position is not None]
+    protected = sum((e.field, e.position) in protected_positions(c.item) for c, e in edits)
+    rng = np.random.default_rng(seed)
+    shown = [emitted[i] for i in sorted(rng.permutation(len(emitted))[:10])]
+    out = ["", f"Meaning checks on {len(emitted)} emitted natural prompts with an edit: similarity to the clean "
+               f"context+question below the floor {encoder.threshold}: {int((similarity < encoder.threshold).sum())}"
+               f" (lowest {similarity.min():.3f}); word edits touching a protected span: {protected} of "
+               f"{len(edits)}.", "", "Ten emitted prompts, drawn at random (seeded):", ""]
+    for candidate in shown:
+        text = render(candidate, scorer.target.tokenizer, scorer.fmt).replace("\n", " ⏎ ")
+        out.append(f"- `{candidate.item.id}` ({' + '.join(e.operator for e in candidate.edits)}): {text}")
+    return out
+
+
+def plot(results: list[MethodResult], eligible: np.ndarray, budget: int, fixed: dict[str, float]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    grid = np.arange(0, budget + 1)
+    figure, axes = plt.subplots(figsize=(7, 4.5))
+    for result in results:
+        axes.plot(grid, [success_at(result.main, int(b))[eligible].mean() for b in grid], label=result.name)
+    for name, value in fixed.items():
+        axes.scatter([6], [value], marker="x", label=f"{name} (one prompt)")
+    axes.set_xlabel("queries (prompts scored; a gradient pass counts as 3)")
+    axes.set_ylabel("ASR toward the stereotype")
+    axes.set_title(f"ASR vs queries ({int(eligible.sum())} attack-eligible held-out BBQ items)")
+    axes.legend(fontsize=8)
+    axes.grid(alpha=0.3)
+    figure.tight_layout()
+    figure.savefig(PLOT, dpi=120)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--model", default="smollm2")
-    parser.add_argument("--items", type=int, default=12)
-    parser.add_argument("--budget", type=int, default=100)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="gemma3-bbq")
+    parser.add_argument("--bbq", type=Path, default=BBQ)
+    parser.add_argument("--items", type=int, default=120)
+    parser.add_argument("--budgets", type=int, nargs="+", default=[25, 50, 100, 200])
+    parser.add_argument("--methods", nargs="+", default=list(SEARCHES), choices=list(SEARCHES))
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    target = load_target(args.model)
-    items = bbq_items("Age", args.items, condition="ambig")
-    ours, n_ours, t_ours = asr_curve("default", items, target, args.budget)
-    base, n_base, t_base = asr_curve("textbugger", items, target, args.budget)
-    rows = [[b, ours[b], base[b], (ours[b] / base[b]) if base[b] else "inf" if ours[b] else "-"] for b in ours]
-    body = (f"{len(items)} ambiguous BBQ Age items; ASR over items answered correctly when clean "
-            f"({n_ours} and {n_base}); order-averaged scoring; stereotype objective.\n\n"
-            + markdown_table(["budget", "flexsearch default (beam)", "TextBugger greedy (re-implementation)",
-                              "ratio"], rows)
-            + f"\n\nWall time: {t_ours:.0f} s vs {t_base:.0f} s.")
-    record("Attack strength: ASR vs query budget", body)
+    started = time.perf_counter()
+    budget = max(args.budgets)
+    target = load_target(args.model, dtype=args.dtype)
+    scorer = Scorer(target, batch_size=16)
+    items = held_out_ambiguous(args.model, args.bbq, args.items, args.seed)
+    stereotype = get_objective("stereotype")
+    clean = scorer.score([Candidate.root(it) for it in items]).probs
+    eligible = np.array([attack_eligible(stereotype, it, p) for it, p in zip(items, clean, strict=True)])
+    control_eligible = np.array([attack_eligible(get_objective("anti_stereotype"), it, p)
+                                 for it, p in zip(items, clean, strict=True)])
+
+    fixed_rows, fixed_asr = [], {}
+    for name in ("FLEX persona", "FLEX refusal suppression", "FLEX text (char swap)"):
+        pairs = [(k, attack) for k, it in enumerate(items) if (attack := fixed_attacks(it).get(name)) is not None]
+        probs = scorer.score([c for _, c in pairs]).probs
+        top = probs.argmax(1)
+        hit = np.array([top[j] == items[k].target for j, (k, _) in enumerate(pairs)])
+        anti = np.array([top[j] == items[k].anti_target for j, (k, _) in enumerate(pairs)])
+        keep = eligible[[k for k, _ in pairs]]
+        keep_control = control_eligible[[k for k, _ in pairs]]
+        shift = np.array([probs[j][items[k].target] - clean[k][items[k].target] for j, (k, _) in enumerate(pairs)])
+        fixed_asr[name] = float(hit[keep].mean()) if keep.any() else 0.0
+        fixed_rows.append([name, 3, rate(hit[keep]), rate(anti[keep_control]),
+                           interval(mean_with_interval(shift[keep]))])
+
+    results = [run_method(name, items, scorer, budget) for name in args.methods]
+    by_name = {r.name: r for r in results}
+    rows = []
+    clean_target = np.array([p[it.target] for it, p in zip(items, clean, strict=True)])
+    for result in results:
+        main_hits = {b: success_at(result.main, b)[eligible] for b in args.budgets}
+        toward, away = success_at(result.main, budget), success_at(result.control, budget)
+        shifts = {b: (p_aim_at(result.main, b, "target") - clean_target)[eligible] for b in args.budgets}
+        # the gap resamples items, each with its stereotype and control outcome (eligibility differs)
+        gap = with_interval(partial(gap_of, toward, away, eligible, control_eligible), len(items))
+        rows.append([result.name, *(rate(main_hits[b]) for b in args.budgets),
+                     *(f"{shifts[b].mean():+.3f}" for b in args.budgets), rate(away[control_eligible]),
+                     interval(gap),
+                     f"{result.prompts / result.seconds:.1f}", f"{result.gradient_passes / result.seconds:.2f}",
+                     f"{result.seconds / 60:.1f}"])
+    headers = ["method", *(f"ASR@{b}" for b in args.budgets), *(f"ΔP(target)@{b}" for b in args.budgets),
+               f"control ASR@{budget}", f"gap@{budget} [95% CI]", "prompts/s", "gradient passes/s", "minutes"]
+    lines = [f"{len(items)} ambiguous BBQ items from templates `{args.model}` never saw; "
+             f"{int(eligible.sum())} attack-eligible for the stereotype objective (clean answer correct), "
+             f"{int(control_eligible.sum())} for the control. Order-averaged scoring ({args.dtype}); ASR with Wilson "
+             "95% intervals (k/n); the gap's interval is a bootstrap over items. A gradient pass is charged as 3 "
+             "prompts.", "", markdown_table(headers, rows), "", "FLEX-style fixed attacks (one prompt per item, "
+             "3 prompts with order averaging):", "",
+             markdown_table(["attack", "prompts", "ASR stereotype", "ASR anti-stereotype", "ΔP(target) [95% CI]"],
+                            fixed_rows)]
+    if "default" in by_name and "textbugger" in by_name:
+        ours, base = success_at(by_name["default"].main, 100)[eligible], success_at(by_name["textbugger"].main,
+                                                                                    100)[eligible]
+        difference = with_interval(lambda idx: float(ours[idx].mean() - base[idx].mean()), len(ours))
+        ratio = ours.mean() / base.mean() if base.mean() else float("inf")
+        lines += ["", f"Default vs TextBugger greedy at budget 100: ASR {ours.mean():.3f} vs {base.mean():.3f}, "
+                      f"ratio {ratio:.2f}, paired bootstrap difference {interval(difference)}."]
+    if "default" in by_name and "gradient" in by_name:
+        level = success_at(by_name["default"].main, 100)[eligible].mean()
+        reached = queries_to_reach(by_name["gradient"].main, eligible, level, budget)
+        lines += [f"Gradient-guided proposals reach the default search's budget-100 ASR ({level:.3f}) at "
+                  f"{reached if reached is not None else f'more than {budget}'} queries."]
+    if "suffix" in by_name:
+        research = sum(not o.best.natural for o in by_name["suffix"].main)
+        lines += [f"Adversarial suffix (research preset): {research} of {len(items)} hardest prompts carry the suffix "
+                  "(natural: false)."]
+    lines += meaning_checks([r for r in results if r.name != "suffix"], scorer, args.seed)
+    plot(results, eligible, budget, fixed_asr)
+    lines += ["", f"Plot: `{PLOT.relative_to(ROOT)}`. Wall time {(time.perf_counter() - started) / 60:.1f} min."]
+    record("Attack strength on the capable target: ASR vs queries", "\n".join(lines))
 
 
 if __name__ == "__main__":

@@ -24,6 +24,8 @@ from flexsearch.render import render
 from flexsearch.results import Comparison, RunResult, Score
 from flexsearch.runio import (
     PREDICTIONS,
+    RESEARCH_CSV,
+    RESEARCH_JSONL,
     SPLIT_CSV,
     SPLIT_JSONL,
     TRACE,
@@ -98,6 +100,8 @@ def search(data: str = "seed", *, model: str | Target = "smollm2", out: str | Pa
         done, retries = _search_objectives(run, items, objectives, scorer, resolved_config, target, ray)
         rows = _write_split(run, items, done[resolved_config.objective], scorer)
         score = _search_score(items, done, objectives, scorer, resolved_config, data, skipped, retries, ray)
+        score["split_rows"] = {"natural": sum(r["natural"] for r in rows),
+                               "research": sum(not r["natural"] for r in rows)}
         written = run.write_score(score, started)
         files = run.files()
     return RunResult(run_dir, Score.from_dict(written), rows, format_search_table(written, resolved_config.objective),
@@ -163,15 +167,19 @@ def _search_objectives(run: RunDirectory, items: list[Item], objectives: list[st
 
 def _write_split(run: RunDirectory, items: list[Item], outcomes: dict[str, dict[str, Any]],
                  scorer: Scorer) -> list[dict[str, Any]]:
-    """The hardest prompt per item as split.jsonl and split.csv; returns the rows."""
+    """The hardest prompt per item: natural ones as split.jsonl and split.csv, the others (an optimised
+    token suffix) apart as split-research.*, so the benchmark split never carries them. Returns all rows."""
     rows = []
     for item in items:
         record = outcomes[item.id]
         prompt = render(replay(item, record["chain"], tuple(record["option_order"])), scorer.target.tokenizer,
                         scorer.fmt)
         rows.append(split_row(record, item, prompt))
-    atomic_write_jsonl(run.path / SPLIT_JSONL, rows)
-    atomic_write_text(run.path / SPLIT_CSV, split_csv_text(rows))
+    for (jsonl, csv), kept in (((SPLIT_JSONL, SPLIT_CSV), [r for r in rows if r["natural"]]),
+                               ((RESEARCH_JSONL, RESEARCH_CSV), [r for r in rows if not r["natural"]])):
+        if kept or jsonl == SPLIT_JSONL:
+            atomic_write_jsonl(run.path / jsonl, kept)
+            atomic_write_text(run.path / csv, split_csv_text(kept))
     return rows
 
 

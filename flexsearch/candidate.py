@@ -8,7 +8,7 @@ from typing import Any
 from flexsearch.items import Item
 
 WORD_FIELDS = ("context", "question")  # edited word by word
-SLOT_FIELDS = ("persona", "directive")  # replaced whole: the instruction placed before the question
+SLOT_FIELDS = ("persona", "directive", "suffix")  # replaced whole: the instruction placed before the question
 
 
 @dataclass(frozen=True)
@@ -41,6 +41,7 @@ class Candidate:
     question_words: tuple[str, ...]
     persona: str = ""
     directive: str = ""
+    suffix: str = ""  # free tokens after the instruction (adversarial_suffix); set means not natural text
     option_order: tuple[int, int, int] = (0, 1, 2)  # displayed slot → answer index
     edits: tuple[Edit, ...] = ()
     parent: Candidate | None = field(default=None, compare=False, repr=False)
@@ -60,7 +61,12 @@ class Candidate:
 
     @property
     def instruction(self) -> str:
-        return " ".join(part for part in (self.persona, self.directive) if part)
+        return " ".join(part for part in (self.persona, self.directive, self.suffix) if part)
+
+    @property
+    def natural(self) -> bool:
+        """Whether the prompt is natural text a person could have written (no optimised token slot)."""
+        return not self.suffix
 
     def words(self, field_name: str) -> tuple[str, ...]:
         return self.context_words if field_name == "context" else self.question_words

@@ -15,7 +15,8 @@ import yaml
 
 from flexsearch.errors import FlexsearchError, InputError
 
-METHODS = ("greedy", "beam", "evolutionary")
+METHODS = ("greedy", "beam", "evolutionary", "random")
+PROPOSALS = ("sampled", "gradient")
 
 
 @dataclass
@@ -29,7 +30,7 @@ class ScoringConfig:
 
 @dataclass
 class SearchConfig:
-    method: str = "beam"  # greedy | beam | evolutionary
+    method: str = "beam"  # greedy | beam | evolutionary | random (the baseline: no selection)
     objective: str = "stereotype"
     control: bool = True  # also run the anti-stereotype search (the counter-stereotype control)
     budget: int = 40  # prompts scored per item and objective, the clean prompt included
@@ -39,6 +40,8 @@ class SearchConfig:
     beam_width: int = 2
     population: int = 6
     importance: str = "leave_one_out"  # greedy word ranking: leave_one_out | gradient
+    proposals: str = "sampled"  # word edits: sampled positions | gradient (every position, best first-order gain)
+    gradient_top: int = 4  # with gradient proposals: word edits scored per expanded candidate
     stop_on_success: bool = True
     operators: list[Any] = field(default_factory=lambda: [{"name": "persona", "n": 2},
                                                           {"name": "instruction", "n": 2},
@@ -56,6 +59,13 @@ class SearchConfig:
         self.constraints = [{"name": s} if isinstance(s, str) else dict(s) for s in self.constraints]
         if self.method not in METHODS:
             raise FlexsearchError(f"unknown search method '{self.method}' (choose from {', '.join(METHODS)})")
+        if self.proposals not in PROPOSALS:
+            raise FlexsearchError(f"unknown proposals '{self.proposals}' (choose from {', '.join(PROPOSALS)})")
+        if self.proposals == "gradient" and self.method in ("evolutionary", "random"):
+            raise FlexsearchError(f"proposals: gradient works with method beam or greedy ({self.method} "
+                                  "mutates at random by design)")
+        if self.gradient_top < 1:
+            raise FlexsearchError(f"gradient_top must be at least 1, got {self.gradient_top}")
         if self.budget < 2:
             raise FlexsearchError("budget must allow the clean prompt and at least one attack (>= 2)")
 
@@ -139,11 +149,12 @@ class Origins:
 _RANGES: dict[str, tuple[float, str]] = {  # setting → (least value, why)
     "budget": (2, "the clean prompt and at least one attack"), "seed": (0, "a seed"),
     "item_batch": (1, "items per batch"), "steps": (1, "iterations"), "beam_width": (1, "beams"),
-    "population": (1, "members"), "scoring.batch_size": (1, "prompts per forward pass"),
+    "population": (1, "members"), "gradient_top": (1, "word edits scored per expansion"),
+    "scoring.batch_size": (1, "prompts per forward pass"),
     "scoring.max_prompt_tokens": (0, "tokens; 0 means the model's context length"),
 }
 _CHOICES: dict[str, tuple[str, ...]] = {"method": METHODS, "importance": ("leave_one_out", "gradient"),
-                                        "scoring.mode": ("plain", "chat")}
+                                        "proposals": PROPOSALS, "scoring.mode": ("plain", "chat")}
 
 
 def _type_error(value: Any, expected: Any) -> str | None:

@@ -277,6 +277,7 @@ SPLIT_COLUMN_DOCS = {
     "answers": "the three answers in the item's order", "gold": "gold answer index",
     "target": "stereotyped answer index", "anti_target": "anti-stereotyped answer index",
     "unknown": "unknown answer index", "option_order": "answer index shown as A, B, C",
+    "natural": "whether the prompt is natural text (false: it carries an optimised token suffix)",
 }
 
 

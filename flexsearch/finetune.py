@@ -35,9 +35,9 @@ from flexsearch.errors import FlexsearchError
 from flexsearch.items import Item
 from flexsearch.model import TargetModel, architecture_fingerprint, check_adapter
 from flexsearch.registry import Registry
-from flexsearch.render import PromptFormat, cyclic_orders, render
+from flexsearch.render import PromptFormat, cyclic_orders, letter_token_ids, render
 from flexsearch.runio import atomic_write_json, read_json, replace_folder
-from flexsearch.scoring import left_padded, letter_token_ids
+from flexsearch.scoring import left_padded
 from flexsearch.training_prefixes import TRAINING_PREFIXES
 
 RECIPE_FILE = "recipe.json"

@@ -66,3 +66,20 @@ def word_spans(candidate: Candidate, prompt: str) -> dict[tuple[str, int], tuple
 def cyclic_orders(order: tuple[int, int, int]) -> list[tuple[int, int, int]]:
     """The three rotations of an option order (cancel letter-position bias when averaged)."""
     return [(order[k % 3], order[(k + 1) % 3], order[(k + 2) % 3]) for k in range(3)]
+
+
+def letter_token_ids(tokenizer, answer_prefix: str) -> list[int]:
+    """The token that spells each option letter right after the answer prefix."""
+    base = tokenizer.encode(answer_prefix, add_special_tokens=False)
+    ids = []
+    for letter in LETTERS:
+        extended = tokenizer.encode(answer_prefix + letter, add_special_tokens=False)
+        if extended[: len(base)] != base or len(extended) != len(base) + 1:
+            raise FlexsearchError(
+                f"option letter {letter!r} is not a single token after {answer_prefix!r} for this tokenizer; "
+                "choose another answer_prefix (e.g. 'Answer:' to score ' A')"
+            )
+        ids.append(extended[-1])
+    if len(set(ids)) != 3:
+        raise FlexsearchError("the three option letters share a token")
+    return ids

@@ -144,6 +144,8 @@ SCORE = "score.json"
 TRACE = "trace.jsonl"
 SPLIT_JSONL = "split.jsonl"
 SPLIT_CSV = "split.csv"
+RESEARCH_JSONL = "split-research.jsonl"  # rows whose hardest prompt is not natural text (adversarial_suffix)
+RESEARCH_CSV = "split-research.csv"
 PREDICTIONS = "predictions.jsonl"
 LOCK = ".lock"
 README = "README.md"
@@ -275,11 +277,14 @@ FILE_DESCRIPTIONS = {
            "has its interval, denominator n and higher_is_better",
     SPLIT_JSONL: "the hardest prompt found per item, FLEX columns plus flexsearch's own (one JSON object a line)",
     SPLIT_CSV: "the same split as CSV (list columns as JSON text); loads in pandas and FLEX-style harnesses",
+    RESEARCH_JSONL: "research runs only: the items whose hardest prompt carries an optimised token suffix "
+                    "(natural: false), kept out of the split above",
+    RESEARCH_CSV: "the same research rows as CSV",
     TRACE: "append-only log of finished items (the resume point); a torn last line is dropped",
     PREDICTIONS: "per item: answer probabilities, prediction, correctness",
     LOCK: "present while a flexsearch process writes here (holds its pid)",
 }
-_WRITES = {"search": (README, CONFIG, SCORE, SPLIT_JSONL, SPLIT_CSV, TRACE, LOCK),
+_WRITES = {"search": (README, CONFIG, SCORE, SPLIT_JSONL, SPLIT_CSV, RESEARCH_JSONL, RESEARCH_CSV, TRACE, LOCK),
            "evaluate": (README, CONFIG, SCORE, PREDICTIONS, LOCK)}
 
 

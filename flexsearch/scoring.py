@@ -23,7 +23,7 @@ from flexsearch.config import ScoringConfig
 from flexsearch.errors import FlexsearchError
 from flexsearch.items import Item
 from flexsearch.model import TargetModel, load_target
-from flexsearch.render import LETTERS, PromptFormat, cyclic_orders, render
+from flexsearch.render import PromptFormat, cyclic_orders, letter_token_ids, render
 
 
 @dataclass
@@ -32,23 +32,6 @@ class Scores:
 
     probs: np.ndarray  # (N, 3): P(answer index), averaged over option orders when asked
     letters: np.ndarray  # (N, orders, 3): P(A), P(B), P(C) of each rendered prompt, for letter bias
-
-
-def letter_token_ids(tokenizer, answer_prefix: str) -> list[int]:
-    """The token that spells each option letter right after the answer prefix."""
-    base = tokenizer.encode(answer_prefix, add_special_tokens=False)
-    ids = []
-    for letter in LETTERS:
-        extended = tokenizer.encode(answer_prefix + letter, add_special_tokens=False)
-        if extended[: len(base)] != base or len(extended) != len(base) + 1:
-            raise FlexsearchError(
-                f"option letter {letter!r} is not a single token after {answer_prefix!r} for this tokenizer; "
-                "choose another answer_prefix (e.g. 'Answer:' to score ' A')"
-            )
-        ids.append(extended[-1])
-    if len(set(ids)) != 3:
-        raise FlexsearchError("the three option letters share a token")
-    return ids
 
 
 def shared_prefix_groups(sequences: Sequence[Sequence[int]], min_prefix: int,

@@ -13,7 +13,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 from tqdm.auto import tqdm
@@ -21,12 +21,15 @@ from tqdm.auto import tqdm
 from flexsearch.attacks import CONSTRAINTS, OPERATORS, AttackResources, build
 from flexsearch.attacks.base import Constraint, Operator, Position
 from flexsearch.attacks.constraints import editable_positions
-from flexsearch.attacks.importance import gradient_importance, importance_from_probes, leave_one_out_probes
+from flexsearch.attacks.gradient import GRADIENT_PASS_QUERIES, substitution_gains, word_saliency
+from flexsearch.attacks.importance import importance_from_probes, leave_one_out_probes
 from flexsearch.candidate import Candidate
 from flexsearch.config import SearchConfig
 from flexsearch.items import Item
 from flexsearch.objectives import Objective, attack_eligible, get_objective
 from flexsearch.scoring import Scorer
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -41,6 +44,9 @@ class ItemOutcome:
     success: bool
     queries: int
     first_success_query: int | None  # queries spent when the objective was first met
+    # (queries spent, answer probabilities) each time the best candidate improved: the best at any smaller
+    # budget, for ASR/P(target)-vs-budget curves (kept in memory, not in the trace)
+    improvements: list[tuple[int, np.ndarray]] = field(default_factory=list)
 
     def to_record(self) -> dict[str, Any]:
         return {
@@ -76,6 +82,7 @@ class ItemState:
     clean_probs: np.ndarray | None = None
     first_success_query: int | None = None
     seen: set[tuple[Any, ...]] = field(default_factory=set)
+    improvements: list[tuple[int, np.ndarray]] = field(default_factory=list)
 
     @property
     def succeeded(self) -> bool:
@@ -91,6 +98,10 @@ class ItemState:
                 fresh.append(c)
         return fresh[: max(0, (self.budget - self.queries) // self.cost_per_candidate)]
 
+    def can_afford_gradient(self) -> bool:
+        """Whether a gradient pass still leaves room to score one candidate it leads to."""
+        return self.queries + GRADIENT_PASS_QUERIES + self.cost_per_candidate <= self.budget
+
     def record(self, request: Request, probs: np.ndarray) -> None:
         """Charges the request and keeps its best candidate. An item pays for every distinct prompt its
         search asks for, whether or not the shared cache already held it: the budget then does not
@@ -105,16 +116,18 @@ class ItemState:
             return
         for k, (candidate, p) in enumerate(zip(request.candidates, probs, strict=True)):
             value = self.objective.value(p, self.item)
+            dated = spent_before + (k + 1) * self.cost_per_candidate
             if value > self.best_value:
                 self.best, self.best_value, self.best_probs = candidate, value, p
+                self.improvements.append((dated, p))
             if self.first_success_query is None and self.objective.success(p, self.item):
-                self.first_success_query = spent_before + (k + 1) * self.cost_per_candidate
+                self.first_success_query = dated
 
     def outcome(self, objective_name: str) -> ItemOutcome:
         assert self.best is not None and self.best_probs is not None and self.clean_probs is not None
         return ItemOutcome(self.item, objective_name, self.best, self.clean_probs, self.best_probs,
                            bool(self.objective.success(self.best_probs, self.item)), self.queries,
-                           self.first_success_query)
+                           self.first_success_query, self.improvements)
 
 
 SearchMethod = Generator[Request, np.ndarray, None]
@@ -129,6 +142,7 @@ class SearchContext:
     objective: Objective
     operators: list[Operator]
     constraints: list[Constraint]
+    resources: AttackResources
     rejected: Counter[str] = field(default_factory=Counter)
 
     @property
@@ -147,6 +161,13 @@ class SearchContext:
     def values(self, item: Item, probs: np.ndarray) -> np.ndarray:
         return np.array([self.objective.value(p, item) for p in probs])
 
+    def charged(self, state: ItemState, work: Callable[[], T]) -> T:
+        """Runs `work` and charges the gradient passes it took to the item's budget."""
+        before = self.resources.gradient_passes
+        result = work()
+        state.queries += (self.resources.gradient_passes - before) * GRADIENT_PASS_QUERIES
+        return result
+
 
 # ---------------------------------------------------------------- helpers
 
@@ -163,11 +184,48 @@ def item_rng(seed: int, item_id: str, objective: str) -> np.random.Generator:
     return np.random.default_rng(int.from_bytes(digest[:8], "little"))
 
 
-def propose_all(ctx: SearchContext, candidate: Candidate, rng: np.random.Generator,
+def propose_all(ctx: SearchContext, state: ItemState, candidate: Candidate,
                 operators: Sequence[Operator] | None = None,
                 positions: Sequence[Position] | None = None) -> list[Candidate]:
-    return [c for op in (operators if operators is not None else ctx.operators)
-            for c in op.propose(candidate, rng, positions if op.edits_words else None)]
+    """Every operator's proposals; operators that take a gradient pass are skipped once the item's
+    budget cannot pay for it, and charged for it otherwise."""
+    chosen = [op for op in (operators if operators is not None else ctx.operators)
+              if not op.needs_gradient or state.can_afford_gradient()]
+    return ctx.charged(state, lambda: [c for op in chosen
+                                       for c in op.propose(candidate, state.rng,
+                                                           positions if op.edits_words else None)])
+
+
+def best_first(ctx: SearchContext, state: ItemState, parent: Candidate, edits: Sequence[Candidate]) -> list[Candidate]:
+    """The admissible, unseen one-word edits of `parent`, the `gradient_top` of highest first-order gain
+    (one gradient pass on the parent, charged); all of them unranked when the budget has no room."""
+    fresh = [c for c in edits if prompt_key(c) not in state.seen]
+    if not fresh or not state.can_afford_gradient():
+        return ctx.admissible(fresh)[: ctx.config.gradient_top]
+    gradient = ctx.charged(state, lambda: ctx.resources.gradient(parent))
+    gains = substitution_gains(gradient, ctx.scorer.target, fresh)
+    ranked = [fresh[i] for i in np.argsort(-gains, kind="stable")]
+    kept: list[Candidate] = []
+    top = ctx.config.gradient_top
+    for start in range(0, len(ranked), top):  # constraints run on a few at a time, best first
+        kept += ctx.admissible(ranked[start : start + top])
+        if len(kept) >= top:
+            break
+    return kept[:top]
+
+
+def expand(ctx: SearchContext, state: ItemState, parents: Sequence[Candidate]) -> list[Candidate]:
+    """Admissible proposals from every parent: each operator's own, or with `proposals: gradient` the
+    slot operators' plus, per parent, the best word edits over every editable position."""
+    if ctx.config.proposals == "sampled":
+        return ctx.admissible([c for p in parents for c in propose_all(ctx, state, p)])
+    slots = [op for op in ctx.operators if not op.edits_words]
+    options = ctx.admissible([c for p in parents for c in propose_all(ctx, state, p, slots)])
+    for parent in parents:
+        positions = editable_positions(parent)
+        if positions and ctx.word_operators:
+            options += best_first(ctx, state, parent, propose_all(ctx, state, parent, ctx.word_operators, positions))
+    return options
 
 
 def crossover(a: Candidate, b: Candidate) -> Candidate:
@@ -192,7 +250,7 @@ def greedy_search(ctx: SearchContext, state: ItemState) -> SearchMethod:
     current, current_value = root, ctx.values(state.item, probs)[0]
     templates = [op for op in ctx.operators if not op.edits_words]
     if templates:
-        options = state.affordable(ctx.admissible(propose_all(ctx, root, state.rng, templates)))
+        options = state.affordable(ctx.admissible(propose_all(ctx, state, root, templates)))
         if options:
             probs = yield Request(options)
             values = ctx.values(state.item, probs)
@@ -202,8 +260,9 @@ def greedy_search(ctx: SearchContext, state: ItemState) -> SearchMethod:
     if not ctx.word_operators or not positions or state.succeeded:
         return
     if ctx.config.importance == "gradient":
-        scores = gradient_importance(ctx.scorer.target, ctx.scorer.fmt, ctx.objective, current, positions)
-        state.queries += 1  # one forward (and backward) pass
+        if not state.can_afford_gradient():
+            return
+        scores = word_saliency(ctx.charged(state, lambda: ctx.resources.gradient(current)), positions)
     else:
         probes = state.affordable(leave_one_out_probes(current, positions))
         if len(probes) < len(positions):
@@ -213,8 +272,9 @@ def greedy_search(ctx: SearchContext, state: ItemState) -> SearchMethod:
     for index in np.argsort(-scores, kind="stable"):
         if state.succeeded and ctx.config.stop_on_success:
             return
-        options = state.affordable(ctx.admissible(
-            propose_all(ctx, current, state.rng, ctx.word_operators, [positions[index]])))
+        edits = propose_all(ctx, state, current, ctx.word_operators, [positions[index]])
+        options = state.affordable(best_first(ctx, state, current, edits) if ctx.config.proposals == "gradient"
+                                   else ctx.admissible(edits))
         if not options:
             if state.queries + state.cost_per_candidate > state.budget:
                 return
@@ -233,8 +293,7 @@ def beam_search(ctx: SearchContext, state: ItemState) -> SearchMethod:
     for _ in range(ctx.config.steps):
         if state.succeeded and ctx.config.stop_on_success:
             return
-        proposals = [c for _, _, parent in beam for c in propose_all(ctx, parent, state.rng)]
-        options = state.affordable(ctx.admissible(proposals))
+        options = state.affordable(expand(ctx, state, [parent for _, _, parent in beam]))
         if not options:
             return
         probs = yield Request(options)
@@ -262,7 +321,7 @@ def evolutionary_search(ctx: SearchContext, state: ItemState) -> SearchMethod:
                 children.append(crossover(parent, other))
                 continue
             operator = ctx.operators[int(state.rng.integers(len(ctx.operators)))]
-            offspring = operator.propose(parent, state.rng)
+            offspring = propose_all(ctx, state, parent, [operator])
             if offspring:
                 children.append(offspring[int(state.rng.integers(len(offspring)))])
         options = state.affordable(ctx.admissible(children))
@@ -274,8 +333,33 @@ def evolutionary_search(ctx: SearchContext, state: ItemState) -> SearchMethod:
         population = population[: max(2, ctx.config.population // 2)]
 
 
+def random_search(ctx: SearchContext, state: ItemState) -> SearchMethod:
+    """The baseline a guided search must beat: each candidate is the clean prompt with one to three
+    proposals of randomly chosen operators applied in turn; `population` are scored a round and nothing
+    is selected between rounds."""
+    root = Candidate.root(state.item)
+    yield Request([root])
+    for _ in range(ctx.config.steps):
+        if state.succeeded and ctx.config.stop_on_success:
+            return
+        batch = []
+        for _ in range(ctx.config.population):
+            candidate = root
+            for _ in range(int(state.rng.integers(1, 4))):
+                operator = ctx.operators[int(state.rng.integers(len(ctx.operators)))]
+                offspring = ctx.admissible(propose_all(ctx, state, candidate, [operator]))
+                if offspring:
+                    candidate = offspring[int(state.rng.integers(len(offspring)))]
+            batch.append(candidate)
+        options = state.affordable(batch)
+        if options:
+            yield Request(options)
+        elif state.queries + state.cost_per_candidate > state.budget:
+            return
+
+
 METHODS: dict[str, Callable[[SearchContext, ItemState], SearchMethod]] = {
-    "greedy": greedy_search, "beam": beam_search, "evolutionary": evolutionary_search,
+    "greedy": greedy_search, "beam": beam_search, "evolutionary": evolutionary_search, "random": random_search,
 }
 
 
@@ -283,11 +367,13 @@ METHODS: dict[str, Callable[[SearchContext, ItemState], SearchMethod]] = {
 
 
 def build_context(config: SearchConfig, scorer: Scorer, objective_name: str) -> SearchContext:
-    resources = AttackResources(target=scorer.target)
+    objective = get_objective(objective_name)
+    resources = AttackResources(target=scorer.target, fmt=scorer.fmt, objective=objective)
     return SearchContext(
-        config=config, scorer=scorer, objective=get_objective(objective_name),
+        config=config, scorer=scorer, objective=objective,
         operators=[build(OPERATORS, spec, resources) for spec in config.operators],
         constraints=[build(CONSTRAINTS, spec, resources) for spec in config.constraints],
+        resources=resources,
     )
 
 

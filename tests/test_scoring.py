@@ -10,8 +10,8 @@ import torch
 
 from flexsearch.candidate import Candidate
 from flexsearch.errors import FlexsearchError
-from flexsearch.render import PromptFormat, render
-from flexsearch.scoring import Scorer, letter_token_ids, shared_prefix_groups
+from flexsearch.render import PromptFormat, letter_token_ids, render
+from flexsearch.scoring import Scorer, shared_prefix_groups
 
 
 def roots(items, n=8):

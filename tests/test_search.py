@@ -113,7 +113,7 @@ def test_config_precedence_and_errors():
         load_config("default", ["beam_widht=3"])
     with pytest.raises(FlexsearchError, match="unknown config preset"):
         load_config("nope")
-    for preset in ("default", "flex", "textbugger", "bert_attack", "templates_only"):
+    for preset in ("default", "flex", "textbugger", "bert_attack", "templates_only", "gradient", "research"):
         assert load_config(preset).budget >= 2
 
 

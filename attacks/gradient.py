@@ -1,0 +1,111 @@
+"""First-order views of the objective for white-box proposals: word saliency (which words matter), the
+estimated gain of a word substitution (which replacement to score), and token swaps for the adversarial
+suffix. All three read one forward+backward pass over a candidate's prompt (`PromptGradient`).
+
+Budget: a backward pass costs about two forward passes, so one forward+backward over a prompt is charged
+as GRADIENT_PASS_QUERIES prompts of the item's query budget (DESIGN.md "Gradient-guided proposals").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from flexsearch.candidate import Candidate
+from flexsearch.model import TargetModel
+from flexsearch.objectives import Objective
+from flexsearch.render import PromptFormat, letter_token_ids, render, word_spans
+
+GRADIENT_PASS_QUERIES = 3
+
+
+@dataclass
+class PromptGradient:
+    """The objective's gradient with respect to a prompt's input embeddings (as the model sees them)."""
+
+    candidate: Candidate
+    prompt: str
+    ids: list[int]
+    offsets: list[tuple[int, int]]  # character span of every token in `prompt`
+    embeddings: torch.Tensor  # (tokens, dim)
+    grad: torch.Tensor  # (tokens, dim): d goal / d embeddings
+
+    def tokens_in(self, start: int, end: int) -> list[int]:
+        """Token positions that overlap the character span [start, end)."""
+        return [t for t, (a, b) in enumerate(self.offsets) if a < end and b > start]
+
+
+def input_embeddings(target: TargetModel, ids: Sequence[int]) -> torch.Tensor:
+    """Input embeddings of token ids, including any scaling the embedding layer applies (Gemma's)."""
+    with torch.no_grad():
+        return target.model.get_input_embeddings()(torch.tensor([list(ids)], device=target.device))[0].float()
+
+
+def prompt_gradient(target: TargetModel, fmt: PromptFormat, objective: Objective,
+                    candidate: Candidate) -> PromptGradient:
+    """One forward+backward over the candidate's prompt in its displayed option order. The goal is
+    log P(objective's answer) over the three letters (targeted), or −log P(gold) (untargeted)."""
+    tokenizer, model = target.tokenizer, target.model
+    prompt = render(candidate, tokenizer, fmt)
+    encoded = tokenizer(prompt, return_offsets_mapping=True, add_special_tokens=fmt.mode == "plain",
+                        return_tensors="pt")
+    offsets = [tuple(span) for span in encoded.pop("offset_mapping")[0].tolist()]
+    embeddings = model.get_input_embeddings()(encoded["input_ids"].to(target.device)).detach()
+    embeddings.requires_grad_(True)
+    with torch.enable_grad():
+        logits = model(inputs_embeds=embeddings, attention_mask=encoded["attention_mask"].to(target.device),
+                       logits_to_keep=1).logits
+        letters = torch.log_softmax(logits[0, -1, letter_token_ids(tokenizer, fmt.answer_prefix)].float(), -1)
+        answer_log_probs = letters[[candidate.option_order.index(a) for a in range(3)]]
+        aim = objective.target_answer(candidate.item)
+        goal = answer_log_probs[aim] if aim is not None else -answer_log_probs[candidate.item.gold]
+        goal.backward()
+    assert embeddings.grad is not None
+    return PromptGradient(candidate, prompt, encoded["input_ids"][0].tolist(), offsets,
+                          embeddings[0].detach().float(), embeddings.grad[0].float())
+
+
+def word_saliency(gradient: PromptGradient, positions: Sequence[tuple[str, int]]) -> np.ndarray:
+    """|gradient · embedding| summed over each word's tokens (higher = the word matters more)."""
+    saliency = (gradient.grad * gradient.embeddings).sum(-1).abs().cpu().numpy()
+    spans = word_spans(gradient.candidate, gradient.prompt)
+    return np.asarray([float(saliency[gradient.tokens_in(*spans[p])].sum()) for p in positions])
+
+
+def substitution_gains(gradient: PromptGradient, target: TargetModel,
+                       children: Sequence[Candidate]) -> np.ndarray:
+    """The first-order change of the goal for each child, a one-word substitution of the gradient's
+    candidate: Σ over the old word's tokens t of g_t · (ē_new − e_t), with ē_new the mean embedding of
+    the new word's tokens (the words may differ in token count, so the new word is spread evenly)."""
+    spans = word_spans(gradient.candidate, gradient.prompt)
+    gains = []
+    for child in children:
+        edit = child.edits[-1]
+        assert edit.position is not None, "substitution_gains scores word edits only"
+        tokens = gradient.tokens_in(*spans[(edit.field, edit.position)])
+        new_ids = target.tokenizer.encode(f" {edit.after}", add_special_tokens=False)
+        if not tokens or not new_ids:
+            gains.append(0.0)
+            continue
+        new = input_embeddings(target, new_ids).mean(0)
+        gains.append(float((gradient.grad[tokens] * (new - gradient.embeddings[tokens])).sum()))
+    return np.asarray(gains)
+
+
+def token_swap_scores(gradient: PromptGradient, target: TargetModel, tokens: Sequence[int]) -> torch.Tensor:
+    """(len(tokens), vocabulary): the linearised gain of putting each vocabulary token at each of the
+    given positions (GCG's one-hot gradient), up to a per-position constant."""
+    layer = target.model.get_input_embeddings()
+    scale = float(getattr(layer, "embed_scale", 1.0))
+    with torch.no_grad():
+        return (gradient.grad[list(tokens)] @ embedding_matrix(target).float().T) * scale
+
+
+def embedding_matrix(target: TargetModel) -> torch.Tensor:
+    """The input embedding table (vocabulary rows; before any scaling the layer applies)."""
+    weight = target.model.get_input_embeddings().weight
+    assert isinstance(weight, torch.Tensor)
+    return weight
