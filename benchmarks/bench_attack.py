@@ -175,7 +175,7 @@ def meaning_checks(results: list[MethodResult], scorer: Scorer, seed: int) -> li
     return out
 
 
-def plot(results: list[MethodResult], eligible: np.ndarray, budget: int, fixed: dict[str, float]) -> None:
+def plot(results: list[MethodResult], eligible: np.ndarray, budget: int, fixed: dict[str, float], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -193,7 +193,7 @@ def plot(results: list[MethodResult], eligible: np.ndarray, budget: int, fixed: 
     axes.legend(fontsize=8)
     axes.grid(alpha=0.3)
     figure.tight_layout()
-    figure.savefig(PLOT, dpi=120)
+    figure.savefig(path, dpi=120)
 
 
 def main() -> None:
@@ -205,6 +205,8 @@ def main() -> None:
     parser.add_argument("--methods", nargs="+", default=list(SEARCHES), choices=list(SEARCHES))
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--no-fixed", action="store_true", help="skip the FLEX-style fixed attacks")
+    parser.add_argument("--plot", type=Path, default=PLOT)
     args = parser.parse_args()
     started = time.perf_counter()
     budget = max(args.budgets)
@@ -218,7 +220,7 @@ def main() -> None:
                                  for it, p in zip(items, clean, strict=True)])
 
     fixed_rows, fixed_asr = [], {}
-    for name in ("FLEX persona", "FLEX refusal suppression", "FLEX text (char swap)"):
+    for name in () if args.no_fixed else ("FLEX persona", "FLEX refusal suppression", "FLEX text (char swap)"):
         pairs = [(k, attack) for k, it in enumerate(items) if (attack := fixed_attacks(it).get(name)) is not None]
         probs = scorer.score([c for _, c in pairs]).probs
         top = probs.argmax(1)
@@ -231,7 +233,12 @@ def main() -> None:
         fixed_rows.append([name, 3, rate(hit[keep]), rate(anti[keep_control]),
                            interval(mean_with_interval(shift[keep]))])
 
-    results = [run_method(name, items, scorer, budget) for name in args.methods]
+    results = []
+    for name in args.methods:  # one line each as it finishes: a long run that is stopped keeps its figures
+        results.append(run_method(name, items, scorer, budget))
+        print(f"{name}: stereotype first successes {[o.first_success_query for o in results[-1].main]}, "
+              f"control {[o.first_success_query for o in results[-1].control]}, {results[-1].seconds:.0f} s",
+              flush=True)
     by_name = {r.name: r for r in results}
     rows = []
     clean_target = np.array([p[it.target] for it, p in zip(items, clean, strict=True)])
@@ -248,14 +255,19 @@ def main() -> None:
                      f"{result.seconds / 60:.1f}"])
     headers = ["method", *(f"ASR@{b}" for b in args.budgets), *(f"ΔP(target)@{b}" for b in args.budgets),
                f"control ASR@{budget}", f"gap@{budget} [95% CI]", "prompts/s", "gradient passes/s", "minutes"]
+    mean_queries = {r.name: np.mean([o.queries for o in (*r.main, *r.control)]) for r in results}
+    for row, result in zip(rows, results, strict=True):
+        row.insert(-3, f"{mean_queries[result.name]:.0f}")
+    headers.insert(-3, "mean queries used")
     lines = [f"{len(items)} ambiguous BBQ items from templates `{args.model}` never saw; "
              f"{int(eligible.sum())} attack-eligible for the stereotype objective (clean answer correct), "
              f"{int(control_eligible.sum())} for the control. Order-averaged scoring ({args.dtype}); ASR with Wilson "
              "95% intervals (k/n); the gap's interval is a bootstrap over items. A gradient pass is charged as 3 "
-             "prompts.", "", markdown_table(headers, rows), "", "FLEX-style fixed attacks (one prompt per item, "
-             "3 prompts with order averaging):", "",
-             markdown_table(["attack", "prompts", "ASR stereotype", "ASR anti-stereotype", "ΔP(target) [95% CI]"],
-                            fixed_rows)]
+             "prompts.", "", markdown_table(headers, rows)]
+    if fixed_rows:
+        lines += ["", "FLEX-style fixed attacks (one prompt per item, 3 prompts with order averaging):", "",
+                  markdown_table(["attack", "prompts", "ASR stereotype", "ASR anti-stereotype", "ΔP(target) [95% CI]"],
+                                 fixed_rows)]
     if "default" in by_name and "textbugger" in by_name:
         ours, base = success_at(by_name["default"].main, 100)[eligible], success_at(by_name["textbugger"].main,
                                                                                     100)[eligible]
@@ -273,8 +285,9 @@ def main() -> None:
         lines += [f"Adversarial suffix (research preset): {research} of {len(items)} hardest prompts carry the suffix "
                   "(natural: false)."]
     lines += meaning_checks([r for r in results if r.name != "suffix"], scorer, args.seed)
-    plot(results, eligible, budget, fixed_asr)
-    lines += ["", f"Plot: `{PLOT.relative_to(ROOT)}`. Wall time {(time.perf_counter() - started) / 60:.1f} min."]
+    plot(results, eligible, budget, fixed_asr, args.plot)
+    minutes = (time.perf_counter() - started) / 60
+    lines += ["", f"Plot: `{args.plot.resolve().relative_to(ROOT)}`. Wall time {minutes:.1f} min."]
     record("Attack strength on the capable target: ASR vs queries", "\n".join(lines))
 
 

@@ -1,7 +1,7 @@
 """The search loop: find, per item, the prompt mutation that pushes the target model furthest toward
 the objective's answer within a query budget.
 
-Read top to bottom: outcome dataclass → per-item state → pure helpers → the three search methods
+Read top to bottom: outcome dataclass → per-item state → pure helpers → the search methods
 (each a generator that yields candidates to score and receives their answer distributions) → the
 driver that runs many items at once, so one forward batch mixes prompts of several items.
 """

@@ -91,7 +91,7 @@ def test_evaluate_split_transfers_to_another_model(tiny_run, tiny_model_dir, tmp
     assert score["clean"]["accuracy"]["value"] == searched["clean"]["accuracy"]["value"]
 
 
-@pytest.mark.parametrize("method", ["greedy", "beam", "evolutionary"])
+@pytest.mark.parametrize("method", ["greedy", "beam", "evolutionary", "random"])
 def test_every_method_respects_the_budget_and_is_deterministic(tiny_target, seed_items, method):
     config = load_config("default", FAST[1::2], method=method, budget=12, control=False)
     outcomes = []
@@ -104,6 +104,10 @@ def test_every_method_respects_the_budget_and_is_deterministic(tiny_target, seed
         assert first.best.chain() == second.best.chain()  # batching does not change the result
         assert np.abs(first.best_probs - second.best_probs).max() < 1e-5
     assert any(o.best.edits for o in outcomes[0])
+    for outcome in outcomes[0]:  # the best-so-far record ends at the best, dated within the budget
+        spent = [q for q, _ in outcome.improvements]
+        assert spent == sorted(spent) and spent[-1] <= outcome.queries
+        assert np.array_equal(outcome.improvements[-1][1], outcome.best_probs)
 
 
 def test_config_precedence_and_errors():

@@ -64,3 +64,22 @@ def test_lora_walkthrough_end_to_end(tmp_path):
     ok("report", base, tuned, "--out", str(tmp_path / "report.html"))
     transferred = json.loads((tmp_path / "transfer" / "score.json").read_text())
     assert transferred["model"]["adapter"].endswith("lora") and transferred["items"] == 4
+
+
+def test_gradient_and_suffix_proposals_on_smollm2(smollm2, seed_items):
+    """White-box proposals on a real model: gradient-guided word edits and suffix swaps stay within the
+    budget, gradient passes are charged, and the suffix stays printable text of a fixed token length."""
+    from flexsearch.search_loop import build_context, run_search
+
+    cheap = "constraints=[protected_spans, unique_positions, polarity_guard]"
+    for preset, extra in (("gradient", []), ("research", ["operators=[{name: adversarial_suffix, length: 6}]",
+                                                          "beam_width=1", "stop_on_success=false"])):
+        config = load_config(preset, [cheap, *extra], budget=40, control=False)
+        ctx = build_context(config, Scorer(smollm2, batch_size=8), "stereotype")
+        outcomes = run_search(seed_items[:2], ctx, "stereotype")
+        assert ctx.resources.gradient_passes >= 2 and all(o.queries <= 40 for o in outcomes)
+        if preset == "research":
+            width = len(smollm2.tokenizer.encode("! ! ! ! ! !", add_special_tokens=False))
+            suffixed = [o.best for o in outcomes if o.best.suffix]
+            assert suffixed and all(not c.natural and c.suffix.isascii() for c in suffixed)
+            assert all(len(smollm2.tokenizer.encode(c.suffix, add_special_tokens=False)) == width for c in suffixed)
