@@ -96,6 +96,24 @@ def run_method(name: str, items: list[Item], scorer: Scorer, budget: int) -> Met
                         scorer.queries - prompts_before, passes)
 
 
+def cost_rows(items: list[Item], target: Any, budgets: list[int], methods: list[str]) -> list[list[Any]]:
+    """Seconds, prompts/s and gradient passes/s of whole searches (no stop on success, a fresh prompt
+    cache each) at every budget: how the cost grows with the budget."""
+    rows = []
+    for name in methods:
+        preset, overrides = SEARCHES[name]
+        for budget in budgets:
+            config = load_config(preset, [*overrides, "stop_on_success=false"], budget=budget, control=False)
+            scorer = Scorer(target, batch_size=16)
+            ctx = build_context(config, scorer, "stereotype")
+            started = time.perf_counter()
+            run_search(items, ctx, "stereotype")
+            seconds = time.perf_counter() - started
+            rows.append([name, budget, len(items), f"{seconds / len(items):.1f}", f"{scorer.queries / seconds:.1f}",
+                         f"{ctx.resources.gradient_passes / seconds:.2f}"])
+    return rows
+
+
 def fixed_attacks(item: Item) -> dict[str, Candidate]:
     """FLEX-style single attacks on one item (ours, in FLEX's style)."""
     root = Candidate.root(item)
@@ -207,6 +225,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-fixed", action="store_true", help="skip the FLEX-style fixed attacks")
     parser.add_argument("--plot", type=Path, default=PLOT)
+    parser.add_argument("--cost-items", type=int, default=0, help="items for the cost-vs-budget table (0: none)")
+    parser.add_argument("--cost-methods", nargs="+", choices=list(SEARCHES), help="(default: --methods)")
     args = parser.parse_args()
     started = time.perf_counter()
     budget = max(args.budgets)
@@ -286,6 +306,12 @@ def main() -> None:
                   "(natural: false)."]
     lines += meaning_checks([r for r in results if r.name != "suffix"], scorer, args.seed)
     plot(results, eligible, budget, fixed_asr, args.plot)
+    if args.cost_items:
+        lines += ["", f"Cost of a whole search (stop on success off, fresh prompt cache) on the first "
+                      f"{args.cost_items} items, stereotype objective:", "",
+                  markdown_table(["method", "budget", "items", "s per item", "prompts/s", "gradient passes/s"],
+                                 cost_rows(items[: args.cost_items], target, args.budgets,
+                                           args.cost_methods or args.methods))]
     minutes = (time.perf_counter() - started) / 60
     lines += ["", f"Plot: `{args.plot.resolve().relative_to(ROOT)}`. Wall time {minutes:.1f} min."]
     record("Attack strength on the capable target: ASR vs queries", "\n".join(lines))
