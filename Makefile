@@ -47,7 +47,7 @@ bench: setup
 	$(BIN)/python -m benchmarks.bench_scoring
 	$(BIN)/python -m benchmarks.bench_prefix
 	$(BIN)/python -m benchmarks.bench_resources
-	$(BIN)/python -m benchmarks.bench_attack
+	$(BIN)/python -m benchmarks.bench_attack --bbq $(BBQ)
 
 # The calibration zoo against its planted verdicts (appends to benchmarks/RESULTS.md; exits 1 on a mismatch).
 # Needs the BBQ jsonl files: BBQ=path/to/BBQ/data (default ../shared/data/bbq).

@@ -104,7 +104,7 @@ def cost_rows(items: list[Item], target: Any, budgets: list[int], methods: list[
         preset, overrides = SEARCHES[name]
         for budget in budgets:
             config = load_config(preset, [*overrides, "stop_on_success=false"], budget=budget, control=False)
-            scorer = Scorer(target, batch_size=16)
+            scorer = Scorer.from_config(target, config.scoring)
             ctx = build_context(config, scorer, "stereotype")
             started = time.perf_counter()
             run_search(items, ctx, "stereotype")
@@ -231,7 +231,9 @@ def main() -> None:
     started = time.perf_counter()
     budget = max(args.budgets)
     target = load_target(args.model, dtype=args.dtype)
-    scorer = Scorer(target, batch_size=16)
+    scorer = Scorer.from_config(target, load_config("default").scoring)  # order-averaged, as every preset
+    if not scorer.average_orders:
+        raise SystemExit("the default preset no longer averages option orders; this benchmark assumes it does")
     items = held_out_ambiguous(args.model, args.bbq, args.items, args.seed)
     stereotype = get_objective("stereotype")
     clean = scorer.score([Candidate.root(it) for it in items]).probs
@@ -281,7 +283,8 @@ def main() -> None:
     headers.insert(-3, "mean queries used")
     lines = [f"{len(items)} ambiguous BBQ items from templates `{args.model}` never saw; "
              f"{int(eligible.sum())} attack-eligible for the stereotype objective (clean answer correct), "
-             f"{int(control_eligible.sum())} for the control. Order-averaged scoring ({args.dtype}); ASR with Wilson "
+             f"{int(control_eligible.sum())} for the control. Order-averaged scoring ({args.dtype}; a candidate is 3 "
+             f"prompts); ASR with Wilson "
              "95% intervals (k/n); the gap's interval is a bootstrap over items. A gradient pass is charged as 3 "
              "prompts.", "", markdown_table(headers, rows)]
     if fixed_rows:
