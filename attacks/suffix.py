@@ -82,7 +82,7 @@ class AdversarialSuffix:
                 break
             slot = int(rng.integers(len(ids)))
             swapped = [*ids[:slot], int(best[slot, rng.integers(best.shape[1])]), *ids[slot + 1:]]
-            text = target.tokenizer.decode(swapped).strip()
+            text = str(target.tokenizer.decode(swapped)).strip()
             if text in seen or len(target.tokenizer.encode(text, add_special_tokens=False)) != width:
                 continue
             seen.add(text)
