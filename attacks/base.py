@@ -2,7 +2,9 @@
 
 An operator proposes new candidates from one candidate; a constraint accepts or rejects proposed
 candidates. Add an operator by writing one class in this folder and decorating it with
-`@OPERATORS.register("name")`; its constructor's keyword arguments are its YAML settings.
+`@OPERATORS.register("name")`; its constructor's keyword arguments are its YAML settings. A class may also
+define a static `settings_problem(**settings) -> str | None`: the config check calls it, so a value that
+cannot work is refused before any data or model loads.
 """
 
 from __future__ import annotations

@@ -52,11 +52,18 @@ class AdversarialSuffix:
                  init: str = "!") -> None:
         if resources.target is None:
             raise FlexsearchError("adversarial_suffix needs a white-box target model")
-        if min(length, top_k, swaps) < 1:
-            raise FlexsearchError(f"adversarial_suffix: length, top_k and swaps must be at least 1, got "
-                                  f"{length}, {top_k}, {swaps}")
+        problem = self.settings_problem(length=length, top_k=top_k, swaps=swaps)
+        if problem:
+            raise FlexsearchError(f"adversarial_suffix: {problem}")
         self.resources, self.top_k, self.swaps = resources, top_k, swaps
         self.initial = " ".join([init] * length)
+
+    @staticmethod
+    def settings_problem(length: int = 8, top_k: int = 32, swaps: int = 8, **_: object) -> str | None:
+        """Why these settings cannot work, or None (checked with the config, before any model loads)."""
+        if min(length, top_k, swaps) < 1:
+            return f"length, top_k and swaps must be at least 1, got {length}, {top_k}, {swaps}"
+        return None
 
     def propose(self, candidate: Candidate, rng: np.random.Generator,
                 positions: Sequence[Position] | None = None) -> list[Candidate]:

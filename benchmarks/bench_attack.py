@@ -242,8 +242,9 @@ def main() -> None:
                                  for it, p in zip(items, clean, strict=True)])
 
     fixed_rows, fixed_asr = [], {}
+    per_item = [fixed_attacks(it) for it in items]
     for name in () if args.no_fixed else ("FLEX persona", "FLEX refusal suppression", "FLEX text (char swap)"):
-        pairs = [(k, attack) for k, it in enumerate(items) if (attack := fixed_attacks(it).get(name)) is not None]
+        pairs = [(k, attacks[name]) for k, attacks in enumerate(per_item) if name in attacks]
         probs = scorer.score([c for _, c in pairs]).probs
         top = probs.argmax(1)
         hit = np.array([top[j] == items[k].target for j, (k, _) in enumerate(pairs)])

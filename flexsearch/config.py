@@ -228,6 +228,11 @@ def check_specs(data: dict[str, Any], origins: Origins) -> None:
                 problem = _type_error(value, hints.get(setting))
                 if problem:
                     raise origins.error(kind, f"{where} ({spec['name']}).{setting}: {problem}")
+            # an operator or constraint may say why its settings' values cannot work, before any model loads
+            settings_problem = getattr(cls, "settings_problem", None)
+            problem = settings_problem(**{k: v for k, v in spec.items() if k != "name"}) if settings_problem else None
+            if problem:
+                raise origins.error(kind, f"{where} ({spec['name']}): {problem}")
 
 
 def _build(cls: type, data: dict[str, Any], origins: Origins) -> Any:

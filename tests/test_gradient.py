@@ -76,9 +76,8 @@ def test_substitution_gain_is_the_directional_derivative(tiny_target, seed_items
         eps = 1e-3
         slope = (goal_at(tiny_target, gradient.ids, gradient.embeddings + eps * direction, root)
                  - goal_at(tiny_target, gradient.ids, gradient.embeddings - eps * direction, root)) / (2 * eps)
+        assert abs(slope) > 1e-3  # a flat direction would make the comparison below vacuous
         assert gain == pytest.approx(slope, rel=0.05, abs=1e-4)
-        # and the gradient's goal is the scored one: log P(target) of the unchanged prompt
-        assert abs(slope) > 0
 
 
 def test_word_saliency_covers_every_position(tiny_target, seed_items):
