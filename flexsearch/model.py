@@ -319,6 +319,9 @@ def load_target(
             model = PeftModel.from_pretrained(model, adapter)  # type: ignore[assignment]  # wraps the causal LM
         except (RuntimeError, ValueError, KeyError, OSError) as err:  # shape mismatch, wrong modules, bad files
             raise FlexsearchError(f"--adapter {adapter} does not fit this model: {_first_line(err)}") from None
+        # The target only scores and takes input gradients: merged weights give the same probabilities
+        # (within 1e-6) about 10 % faster on CPU than LoRA's extra matmuls (benchmarks/RESULTS.md).
+        model = model.merge_and_unload()  # type: ignore[operator]  # PeftModel's method, untyped
         info["adapter"] = str(Path(adapter).resolve())
     model.to(device).eval()  # type: ignore[arg-type]  # transformers' wrapper hides the bound method
     tokenizer.padding_side = "left"

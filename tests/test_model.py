@@ -8,7 +8,7 @@ import torch
 
 from flexsearch.candidate import Candidate
 from flexsearch.errors import FlexsearchError
-from flexsearch.model import load_target, resolve_gguf
+from flexsearch.model import TargetModel, load_target, resolve_gguf
 from flexsearch.scoring import Scorer
 
 
@@ -29,8 +29,12 @@ def test_adapter_changes_the_answers(tiny_model_dir, tiny_target, seed_items, tm
     candidates = [Candidate.root(it) for it in seed_items[:4]]
     plain = Scorer(tiny_target).score(candidates).probs
     tuned = Scorer(adapted).score(candidates).probs
+    peft_model.eval()
+    unmerged = Scorer(TargetModel(peft_model, adapted.tokenizer, {})).score(candidates).probs
     assert adapted.info["adapter"].endswith("adapter")
     assert np.abs(plain - tuned).max() > 1e-4
+    assert not hasattr(adapted.model, "peft_config")  # merged into the weights, for speed
+    np.testing.assert_allclose(tuned, unmerged, atol=1e-5)  # ... with the adapter's own answers
 
 
 def test_unknown_model_and_dtype_fail_clearly(tmp_path):
