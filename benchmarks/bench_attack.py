@@ -17,11 +17,17 @@ import; to run it, use its own environment (`pip install textattack==0.3.11`, `t
 textbugger`).
 
     python -m benchmarks.bench_attack --model gemma3-bbq --items 120 --budgets 25 50 100 200
+
+Each method's outcomes are saved as it finishes (runs/bench_attack/<model>-<items>-seed<seed>-budget<budget>/
+<method>.json), so methods can run in separate processes (or a stopped run can go on) and be reported
+together: with `--reuse`, a method whose outcomes are saved for the same model, items, budget and dtype is
+read from there instead of searched again; `--search-only` saves without writing the report.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import time
 from dataclasses import dataclass
 from functools import partial
@@ -35,7 +41,7 @@ from flexsearch.attacks import AttackResources
 from flexsearch.attacks.constraints import SentenceSimilarity, editable_positions, protected_positions
 from flexsearch.attacks.templates import INSTRUCTIONS, PERSONA_FAMILIES, fill
 from flexsearch.attacks.textbugger import character_bugs, split_word
-from flexsearch.candidate import Candidate
+from flexsearch.candidate import Candidate, replay
 from flexsearch.config import load_config
 from flexsearch.finetune import eval_items_of
 from flexsearch.items import Item, load_items
@@ -43,6 +49,7 @@ from flexsearch.metrics import mean_with_interval, proportion, with_interval
 from flexsearch.model import load_target, zoo_adapter
 from flexsearch.objectives import attack_eligible, get_objective
 from flexsearch.render import render
+from flexsearch.runio import atomic_write_json, read_json
 from flexsearch.scoring import Scorer
 from flexsearch.search_loop import ItemOutcome, build_context, run_search
 
@@ -54,6 +61,7 @@ SEARCHES: dict[str, tuple[str, list[str]]] = {  # method → (preset, overrides)
     "suffix": ("research", ["steps=100"]),
 }
 PLOT = ROOT / "benchmarks" / "attack_asr_vs_queries.png"
+SAVED = ROOT / "runs" / "bench_attack"
 
 
 @dataclass
@@ -66,6 +74,38 @@ class MethodResult:
     seconds: float
     prompts: int
     gradient_passes: int
+
+
+def outcome_record(outcome: ItemOutcome) -> dict[str, Any]:
+    return {**outcome.to_record(), "improvements": [[spent, [float(p) for p in probs]]
+                                                   for spent, probs in outcome.improvements]}
+
+
+def outcome_from(record: dict[str, Any], item: Item) -> ItemOutcome:
+    return ItemOutcome(item, record["objective"], replay(item, record["chain"], tuple(record["option_order"])),
+                       np.array(record["clean_probs"]), np.array(record["best_probs"]), record["success"],
+                       record["queries"], record["first_success_query"],
+                       [(spent, np.array(probs)) for spent, probs in record["improvements"]])
+
+
+def save_method(result: MethodResult, folder: Path, setup: dict[str, Any]) -> None:
+    atomic_write_json(folder / f"{result.name}.json", {
+        "setup": setup, "seconds": result.seconds, "prompts": result.prompts, "gradient_passes": result.gradient_passes,
+        "main": [outcome_record(o) for o in result.main], "control": [outcome_record(o) for o in result.control]})
+
+
+def load_method(name: str, folder: Path, setup: dict[str, Any], items: list[Item]) -> MethodResult | None:
+    """A method's saved outcomes for this setup (None when none are saved)."""
+    path = folder / f"{name}.json"
+    if not path.is_file():
+        return None
+    saved = read_json(path)
+    if saved["setup"] != setup:
+        raise SystemExit(f"--reuse: {path} was measured on another setup (model, items, budget or dtype); "
+                         "move it away to search again")
+    return MethodResult(name, [outcome_from(r, it) for r, it in zip(saved["main"], items, strict=True)],
+                        [outcome_from(r, it) for r, it in zip(saved["control"], items, strict=True)],
+                        saved["seconds"], saved["prompts"], saved["gradient_passes"])
 
 
 def held_out_ambiguous(model: str, bbq: Path, count: int, seed: int) -> list[Item]:
@@ -221,6 +261,9 @@ def main() -> None:
     parser.add_argument("--items", type=int, default=120)
     parser.add_argument("--budgets", type=int, nargs="+", default=[25, 50, 100, 200])
     parser.add_argument("--methods", nargs="+", default=list(SEARCHES), choices=list(SEARCHES))
+    parser.add_argument("--reuse", action="store_true", help="read methods saved for this setup instead of searching")
+    parser.add_argument("--search-only", action="store_true", help="search and save the methods; no report")
+    parser.add_argument("--saved", type=Path, default=SAVED, help="where each method's outcomes are saved")
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-fixed", action="store_true", help="skip the FLEX-style fixed attacks")
@@ -243,7 +286,7 @@ def main() -> None:
 
     fixed_rows, fixed_asr = [], {}
     per_item = [fixed_attacks(it) for it in items]
-    for name in () if args.no_fixed else ("FLEX persona", "FLEX refusal suppression", "FLEX text (char swap)"):
+    for name in () if args.no_fixed or args.search_only else ("FLEX persona", "FLEX refusal suppression", "FLEX text (char swap)"):
         pairs = [(k, attacks[name]) for k, attacks in enumerate(per_item) if name in attacks]
         probs = scorer.score([c for _, c in pairs]).probs
         top = probs.argmax(1)
@@ -256,12 +299,22 @@ def main() -> None:
         fixed_rows.append([name, 3, rate(hit[keep]), rate(anti[keep_control]),
                            interval(mean_with_interval(shift[keep]))])
 
+    setup = {"model": args.model, "items": [it.id for it in items], "budget": budget, "dtype": args.dtype}
+    folder = args.saved / f"{args.model}-{len(items)}-seed{args.seed}-budget{budget}"
     results = []
-    for name in args.methods:  # one line each as it finishes: a long run that is stopped keeps its figures
+    for name in args.methods:  # each saved as it finishes: a stopped run keeps what it measured
+        saved = load_method(name, folder, setup, items) if args.reuse else None
+        if saved is not None:
+            print(f"{name}: read from {folder / name}.json", flush=True)
+            results.append(saved)
+            continue
         results.append(run_method(name, items, scorer, budget))
+        save_method(results[-1], folder, setup)
         print(f"{name}: stereotype first successes {[o.first_success_query for o in results[-1].main]}, "
               f"control {[o.first_success_query for o in results[-1].control]}, {results[-1].seconds:.0f} s",
               flush=True)
+    if args.search_only:
+        return
     by_name = {r.name: r for r in results}
     rows = []
     clean_target = np.array([p[it.target] for it, p in zip(items, clean, strict=True)])
@@ -296,9 +349,9 @@ def main() -> None:
         ours, base = success_at(by_name["default"].main, 100)[eligible], success_at(by_name["textbugger"].main,
                                                                                     100)[eligible]
         difference = with_interval(lambda idx: float(ours[idx].mean() - base[idx].mean()), len(ours))
-        ratio = ours.mean() / base.mean() if base.mean() else float("inf")
+        ratio = f"{ours.mean() / base.mean():.2f}" if base.mean() else ("infinite" if ours.mean() else "undefined")
         lines += ["", f"Default vs TextBugger greedy at budget 100: ASR {ours.mean():.3f} vs {base.mean():.3f}, "
-                      f"ratio {ratio:.2f}, paired bootstrap difference {interval(difference)}."]
+                      f"ratio {ratio}, paired bootstrap difference {interval(difference)}."]
     if "default" in by_name and "gradient" in by_name:
         level = success_at(by_name["default"].main, 100)[eligible].mean()
         reached = queries_to_reach(by_name["gradient"].main, eligible, level, budget)
@@ -317,7 +370,9 @@ def main() -> None:
                                  cost_rows(items[: args.cost_items], target, args.budgets,
                                            args.cost_methods or args.methods))]
     minutes = (time.perf_counter() - started) / 60
-    lines += ["", f"Plot: `{args.plot.resolve().relative_to(ROOT)}`. Wall time {minutes:.1f} min."]
+    shown = args.plot.resolve()
+    lines += ["", f"Plot: `{shown.relative_to(ROOT) if shown.is_relative_to(ROOT) else shown}`. "
+                  f"Wall time {minutes:.1f} min."]
     record("Attack strength on the capable target: ASR vs queries", "\n".join(lines))
 
 
