@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from flexsearch.attacks.base import OPERATORS, AttackResources, Position
+from flexsearch.attacks.base import OPERATORS, AttackResources, Position, refuse_settings
 from flexsearch.attacks.gradient import token_swap_scores
 from flexsearch.candidate import Candidate
 from flexsearch.errors import FlexsearchError
@@ -52,9 +52,7 @@ class AdversarialSuffix:
                  init: str = "!") -> None:
         if resources.target is None:
             raise FlexsearchError("adversarial_suffix needs a white-box target model")
-        problem = self.settings_problem(length=length, top_k=top_k, swaps=swaps)
-        if problem:
-            raise FlexsearchError(f"adversarial_suffix: {problem}")
+        refuse_settings(self.name, self.settings_problem(length=length, top_k=top_k, swaps=swaps))
         self.resources, self.top_k, self.swaps = resources, top_k, swaps
         self.initial = " ".join([init] * length)
 

@@ -11,9 +11,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from flexsearch.attacks.base import OPERATORS, AttackResources, Position
+from flexsearch.attacks.base import OPERATORS, AttackResources, Position, refuse_settings
 from flexsearch.candidate import Candidate
-from flexsearch.errors import FlexsearchError
 from flexsearch.items import Item
 
 PERSONA_FAMILIES: dict[str, list[str]] = {
@@ -114,7 +113,13 @@ class _TemplateOperator:
     slot: str
 
     def __init__(self, resources: AttackResources, n: int = 4) -> None:
+        refuse_settings(self.name, self.settings_problem(n=n))
         self.n = n
+
+    @staticmethod
+    def settings_problem(n: int = 4, **_: object) -> str | None:
+        """Why these settings cannot work, or None (checked with the config, before any model loads)."""
+        return f"n must be at least 1, got {n}" if n < 1 else None
 
     def library(self) -> list[tuple[str, int, str]]:
         """(family, index, template) for every template this operator may use."""
@@ -138,10 +143,16 @@ class Persona(_TemplateOperator):
 
     def __init__(self, resources: AttackResources, n: int = 4, families: Sequence[str] | None = None) -> None:
         super().__init__(resources, n)
-        unknown = set(families or []) - set(PERSONA_FAMILIES)
-        if unknown:
-            raise FlexsearchError(f"unknown persona families {sorted(unknown)}; known: {sorted(PERSONA_FAMILIES)}")
+        refuse_settings(self.name, self.settings_problem(n=n, families=families))
         self.families = list(families or PERSONA_FAMILIES)
+
+    @staticmethod
+    def settings_problem(n: int = 4, families: Sequence[str] | None = None, **_: object) -> str | None:
+        """Why these settings cannot work, or None (checked with the config, before any model loads)."""
+        unknown = sorted(set(families or []) - set(PERSONA_FAMILIES))
+        if unknown:
+            return f"unknown families {unknown}; known: {', '.join(sorted(PERSONA_FAMILIES))}"
+        return _TemplateOperator.settings_problem(n=n)
 
     def library(self) -> list[tuple[str, int, str]]:
         return [(f, i, t) for f in self.families for i, t in enumerate(PERSONA_FAMILIES[f])]

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from flexsearch.attacks.base import OPERATORS, AttackResources
+from flexsearch.attacks.base import OPERATORS, AttackResources, refuse_settings
 from flexsearch.attacks.neighbours import EmbeddingNeighbours, NeighbourSource, WordNetNeighbours
 from flexsearch.attacks.word import WordOperator
 from flexsearch.errors import FlexsearchError
@@ -16,6 +16,7 @@ from flexsearch.errors import FlexsearchError
 # Visually similar substitutes (Sub-C).
 HOMOGLYPHS = {"o": "0", "l": "1", "i": "1", "a": "@", "e": "3", "s": "$", "g": "9", "b": "6", "t": "7", "z": "2"}
 BUGS = ("insert", "delete", "swap", "sub_c", "sub_w")
+NEIGHBOUR_SOURCES = ("wordnet", "embedding")
 _WORD = re.compile(r"^(\W*)(.*?)(\W*)$")
 
 
@@ -49,7 +50,7 @@ def neighbour_source(kind: str, resources: AttackResources, vectors: str | None)
         if resources.target is None:
             raise FlexsearchError("embedding neighbours need a vector file (vectors: PATH) or a target model")
         return EmbeddingNeighbours.from_target(resources.target)
-    raise FlexsearchError(f"unknown neighbour source '{kind}' (choose wordnet or embedding)")
+    raise FlexsearchError(f"unknown neighbour source '{kind}' (choose {' or '.join(NEIGHBOUR_SOURCES)})")
 
 
 def match_case(template: str, word: str) -> str:
@@ -63,11 +64,23 @@ class TextBugger(WordOperator):
     def __init__(self, resources: AttackResources, bugs: Sequence[str] = BUGS, positions: int = 2,
                  per_position: int = 3, neighbours: str = "wordnet", vectors: str | None = None,
                  k: int = 8) -> None:
-        unknown = set(bugs) - set(BUGS)
-        if unknown:
-            raise FlexsearchError(f"textbugger: unknown bugs {sorted(unknown)}; known: {list(BUGS)}")
+        refuse_settings("textbugger", self.settings_problem(bugs=bugs, positions=positions, per_position=per_position,
+                                                            neighbours=neighbours, k=k))
         self.bugs, self.positions, self.per_position, self.k = list(bugs), positions, per_position, k
         self.source = neighbour_source(neighbours, resources, vectors) if "sub_w" in self.bugs else None
+
+    @staticmethod
+    def settings_problem(bugs: Sequence[str] = BUGS, positions: int = 2, per_position: int = 3,
+                         neighbours: str = "wordnet", k: int = 8, **_: object) -> str | None:
+        """Why these settings cannot work, or None (checked with the config, before any model loads)."""
+        unknown = sorted(set(bugs) - set(BUGS))
+        if unknown:
+            return f"unknown bugs {unknown}; known: {', '.join(BUGS)}"
+        if neighbours not in NEIGHBOUR_SOURCES:
+            return f"unknown neighbours '{neighbours}'; known: {', '.join(NEIGHBOUR_SOURCES)}"
+        if min(positions, per_position, k) < 1:
+            return f"positions, per_position and k must be at least 1, got {positions}, {per_position}, {k}"
+        return None
 
     def variants(self, token: str) -> list[tuple[str, str]]:
         """(bug, new token) pairs for one whitespace token."""

@@ -27,7 +27,6 @@ read from there instead of searched again; `--search-only` saves without writing
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from dataclasses import dataclass
 from functools import partial
@@ -286,7 +285,8 @@ def main() -> None:
 
     fixed_rows, fixed_asr = [], {}
     per_item = [fixed_attacks(it) for it in items]
-    for name in () if args.no_fixed or args.search_only else ("FLEX persona", "FLEX refusal suppression", "FLEX text (char swap)"):
+    fixed_names = ("FLEX persona", "FLEX refusal suppression", "FLEX text (char swap)")
+    for name in () if args.no_fixed or args.search_only else fixed_names:
         pairs = [(k, attacks[name]) for k, attacks in enumerate(per_item) if name in attacks]
         probs = scorer.score([c for _, c in pairs]).probs
         top = probs.argmax(1)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -119,6 +120,21 @@ def test_config_precedence_and_errors():
         load_config("nope")
     for preset in ("default", "flex", "textbugger", "bert_attack", "templates_only", "gradient", "research"):
         assert load_config(preset).budget >= 2
+
+
+@pytest.mark.parametrize(("operator", "message"), [
+    ("{name: textbugger, bugs: [swap, flip]}", "(textbugger): unknown bugs ['flip']"),
+    ("{name: textbugger, neighbours: glove}", "(textbugger): unknown neighbours 'glove'"),
+    ("{name: textbugger, per_position: 0}", "(textbugger): positions, per_position and k must be at least 1"),
+    ("{name: persona, families: [pirate]}", "(persona): unknown families ['pirate']"),
+    ("{name: persona, n: 0}", "(persona): n must be at least 1"),
+    ("{name: instruction, n: 0}", "(instruction): n must be at least 1"),
+    ("{name: adversarial_suffix, swaps: 0}", "(adversarial_suffix): length, top_k and swaps must be at least 1"),
+])
+def test_operator_settings_that_cannot_work_are_refused_with_the_config(operator, message):
+    """The config alone refuses them: no data, model or operator is built first."""
+    with pytest.raises(FlexsearchError, match=re.escape(message)):
+        load_config("default", [f"operators=[{operator}]"])
 
 
 def test_changed_settings_refuse_to_resume(tiny_run, tiny_model_dir):
