@@ -42,7 +42,7 @@ class AttackResources:
     target: TargetModel | None = None  # the white-box target (embedding neighbours, gradients)
     fmt: PromptFormat = field(default_factory=PromptFormat)
     objective: Objective | None = None  # the objective being searched (what gradients point toward)
-    gradient_passes: int = 0  # forward+backward passes taken; the search charges them to the item
+    gradient_passes: int = 0  # forward+backward passes over one prompt; the search charges them to the item
     _gradients: OrderedDict[str, PromptGradient] = field(default_factory=OrderedDict, repr=False)
 
     def gradient(self, candidate: Candidate) -> PromptGradient:

@@ -2,14 +2,19 @@
 estimated gain of a word substitution (which replacement to score), and token swaps for the adversarial
 suffix. All three read one forward+backward pass over a candidate's prompt (`PromptGradient`).
 
-Budget: a backward pass costs about two forward passes, so one forward+backward over a prompt is charged
-as GRADIENT_PASS_QUERIES prompts of the item's query budget (DESIGN.md "Gradient-guided proposals").
+The goal is the search's own objective value (the log-margin log P(aim) − log max P(other), or
+−log P(gold) when untargeted) on the letter distribution of the prompt in its displayed option order, or
+averaged over several orders when `prompt_gradient` is given them.
+
+Budget: a backward pass costs about two forward passes, so one forward+backward over one prompt is
+charged as GRADIENT_PASS_QUERIES prompts of the item's query budget (DESIGN.md "Search methods and
+proposals").
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -20,21 +25,24 @@ from flexsearch.objectives import Objective
 from flexsearch.render import PromptFormat, letter_token_ids, render, word_spans
 
 GRADIENT_PASS_QUERIES = 3
+Order = tuple[int, int, int]
 
 
 @dataclass
 class PromptGradient:
-    """The objective's gradient with respect to a prompt's input embeddings (as the model sees them)."""
+    """The objective's gradient with respect to a prompt's input embeddings (as the model sees them).
+    With several option orders it covers the tokens every order's prompt shares (instruction slots,
+    context, question: everything before the options), summed over the orders."""
 
     candidate: Candidate
-    prompt: str
+    prompt: str  # in the candidate's displayed order
     ids: list[int]
-    offsets: list[tuple[int, int]]  # character span of every token in `prompt`
+    offsets: list[tuple[int, int]]  # character span of every covered token in `prompt`
     embeddings: torch.Tensor  # (tokens, dim)
     grad: torch.Tensor  # (tokens, dim): d goal / d embeddings
 
     def tokens_in(self, start: int, end: int) -> list[int]:
-        """Token positions that overlap the character span [start, end)."""
+        """Covered token positions that overlap the character span [start, end)."""
         return [t for t, (a, b) in enumerate(self.offsets) if a < end and b > start]
 
 
@@ -44,28 +52,56 @@ def input_embeddings(target: TargetModel, ids: Sequence[int]) -> torch.Tensor:
         return target.model.get_input_embeddings()(torch.tensor([list(ids)], device=target.device))[0].float()
 
 
-def prompt_gradient(target: TargetModel, fmt: PromptFormat, objective: Objective,
-                    candidate: Candidate) -> PromptGradient:
-    """One forward+backward over the candidate's prompt in its displayed option order. The goal is
-    log P(objective's answer) over the three letters (targeted), or −log P(gold) (untargeted)."""
+def objective_goal(objective: Objective, candidate: Candidate, answer_probs: torch.Tensor) -> torch.Tensor:
+    """The objective's value (objectives/__init__.py) on P(answer), differentiably."""
+    aim = objective.target_answer(candidate.item)
+    if aim is None:
+        return -torch.log(answer_probs[candidate.item.gold])
+    others = torch.stack([answer_probs[k] for k in range(3) if k != aim])
+    return torch.log(answer_probs[aim]) - torch.log(others.max())
+
+
+def common_prefix_length(sequences: Sequence[Sequence[int]]) -> int:
+    first = sequences[0]
+    length = min(len(s) for s in sequences)
+    for other in sequences[1:]:
+        length = next((k for k in range(length) if other[k] != first[k]), length)
+    return length
+
+
+def prompt_gradient(target: TargetModel, fmt: PromptFormat, objective: Objective, candidate: Candidate,
+                    orders: Sequence[Order] | None = None) -> PromptGradient:
+    """One forward+backward over the candidate's prompt in each option order (default: the displayed one;
+    the first order given must be the displayed one), toward the objective on the order-averaged answer
+    distribution."""
     tokenizer, model = target.tokenizer, target.model
-    prompt = render(candidate, tokenizer, fmt)
-    encoded = tokenizer(prompt, return_offsets_mapping=True, add_special_tokens=fmt.mode == "plain",
-                        return_tensors="pt")
-    offsets = [tuple(span) for span in encoded.pop("offset_mapping")[0].tolist()]
-    embeddings = model.get_input_embeddings()(encoded["input_ids"].to(target.device)).detach()
-    embeddings.requires_grad_(True)
+    orders = list(orders or [candidate.option_order])
+    assert orders[0] == candidate.option_order, "the first order is the displayed one"
+    letter_ids = letter_token_ids(tokenizer, fmt.answer_prefix)
+    prompts, encodings, leaves = [], [], []
+    answer_probs = torch.zeros(3, dtype=torch.float32, device=target.device)
     with torch.enable_grad():
-        logits = model(inputs_embeds=embeddings, attention_mask=encoded["attention_mask"].to(target.device),
-                       logits_to_keep=1).logits
-        letters = torch.log_softmax(logits[0, -1, letter_token_ids(tokenizer, fmt.answer_prefix)].float(), -1)
-        answer_log_probs = letters[[candidate.option_order.index(a) for a in range(3)]]
-        aim = objective.target_answer(candidate.item)
-        goal = answer_log_probs[aim] if aim is not None else -answer_log_probs[candidate.item.gold]
-        goal.backward()
-    assert embeddings.grad is not None
-    return PromptGradient(candidate, prompt, encoded["input_ids"][0].tolist(), offsets,
-                          embeddings[0].detach().float(), embeddings.grad[0].float())
+        for order in orders:
+            prompt = render(replace(candidate, option_order=order), tokenizer, fmt)
+            encoded = tokenizer(prompt, return_offsets_mapping=True, add_special_tokens=fmt.mode == "plain",
+                                return_tensors="pt")
+            embeddings = model.get_input_embeddings()(encoded["input_ids"].to(target.device)).detach()
+            embeddings.requires_grad_(True)
+            logits = model(inputs_embeds=embeddings, attention_mask=encoded["attention_mask"].to(target.device),
+                           logits_to_keep=1).logits
+            letters = torch.softmax(logits[0, -1, letter_ids].float(), -1)
+            answer_probs = answer_probs + letters[[order.index(a) for a in range(3)]] / len(orders)
+            prompts.append(prompt)
+            encodings.append(encoded)
+            leaves.append(embeddings)
+        objective_goal(objective, candidate, answer_probs).backward()
+    ids = [e["input_ids"][0].tolist() for e in encodings]
+    shared = common_prefix_length(ids)
+    grad = sum(leaf.grad[0, :shared].float() for leaf in leaves if leaf.grad is not None)
+    assert isinstance(grad, torch.Tensor)
+    offsets = [tuple(span) for span in encodings[0]["offset_mapping"][0, :shared].tolist()]
+    return PromptGradient(candidate, prompts[0], ids[0][:shared], offsets, leaves[0][0, :shared].detach().float(),
+                          grad)
 
 
 def word_saliency(gradient: PromptGradient, positions: Sequence[tuple[str, int]]) -> np.ndarray:

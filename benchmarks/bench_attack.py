@@ -2,7 +2,7 @@
 flexsearch's searches and their baselines, all on the same held-out BBQ items of the capable target,
 each with the counter-stereotype control beside it.
 
-Methods (budgets in prompts scored; a gradient pass counts as 3, see attacks/gradient.py):
+Methods (budgets in prompts scored; a forward+backward over one prompt counts as 3, see attacks/gradient.py):
 - default: the default preset (beam search over persona, instruction and TextBugger edits);
 - gradient: the same with gradient-guided word edits (configs/gradient.yaml);
 - textbugger: TextAttack's TextBugger recipe logic (greedy leave-one-out word importance, then character
@@ -244,7 +244,7 @@ def plot(results: list[MethodResult], eligible: np.ndarray, budget: int, fixed: 
         axes.plot(grid, [success_at(result.main, int(b))[eligible].mean() for b in grid], label=result.name)
     for name, value in fixed.items():
         axes.scatter([6], [value], marker="x", label=f"{name} (one prompt)")
-    axes.set_xlabel("queries (prompts scored; a gradient pass counts as 3)")
+    axes.set_xlabel("queries (prompts scored; a forward+backward over a prompt counts as 3)")
     axes.set_ylabel("ASR toward the stereotype")
     axes.set_title(f"ASR vs queries ({int(eligible.sum())} attack-eligible held-out BBQ items)")
     axes.legend(fontsize=8)
@@ -338,9 +338,8 @@ def main() -> None:
     lines = [f"{len(items)} ambiguous BBQ items from templates `{args.model}` never saw; "
              f"{int(eligible.sum())} attack-eligible for the stereotype objective (clean answer correct), "
              f"{int(control_eligible.sum())} for the control. Order-averaged scoring ({args.dtype}; a candidate is 3 "
-             f"prompts); ASR with Wilson "
-             "95% intervals (k/n); the gap's interval is a bootstrap over items. A gradient pass is charged as 3 "
-             "prompts.", "", markdown_table(headers, rows)]
+             "prompts); ASR with Wilson 95% intervals (k/n); the gap's interval is a bootstrap over items. A "
+             "forward+backward over one prompt is charged as 3 prompts.", "", markdown_table(headers, rows)]
     if fixed_rows:
         lines += ["", "FLEX-style fixed attacks (one prompt per item, 3 prompts with order averaging):", "",
                   markdown_table(["attack", "prompts", "ASR stereotype", "ASR anti-stereotype", "ΔP(target) [95% CI]"],

@@ -214,18 +214,26 @@ def best_first(ctx: SearchContext, state: ItemState, parent: Candidate, edits: S
     return kept[:top]
 
 
-def expand(ctx: SearchContext, state: ItemState, parents: Sequence[Candidate]) -> list[Candidate]:
-    """Admissible proposals from every parent: each operator's own, or with `proposals: gradient` the
-    slot operators' plus, per parent, the best word edits over every editable position."""
+def expansion_phases(ctx: SearchContext, state: ItemState,
+                     parents: Sequence[Candidate]) -> list[Callable[[], list[Candidate]]]:
+    """Admissible proposals from every parent, in phases scored one after another. Sampled proposals
+    are one phase: each operator's own. With `proposals: gradient`, the slot operators' proposals
+    come first and the gradient-ranked word edits (a pass per parent, charged) only once those are
+    scored, so a step the templates already win pays no gradient."""
     if ctx.config.proposals == "sampled":
-        return ctx.admissible([c for p in parents for c in propose_all(ctx, state, p)])
+        return [lambda: ctx.admissible([c for p in parents for c in propose_all(ctx, state, p)])]
     slots = [op for op in ctx.operators if not op.edits_words]
-    options = ctx.admissible([c for p in parents for c in propose_all(ctx, state, p, slots)])
-    for parent in parents:
-        positions = editable_positions(parent)
-        if positions and ctx.word_operators:
-            options += best_first(ctx, state, parent, propose_all(ctx, state, parent, ctx.word_operators, positions))
-    return options
+
+    def word_edits() -> list[Candidate]:
+        options: list[Candidate] = []
+        for parent in parents:
+            positions = editable_positions(parent)
+            if positions and ctx.word_operators:
+                options += best_first(ctx, state, parent,
+                                      propose_all(ctx, state, parent, ctx.word_operators, positions))
+        return options
+
+    return [lambda: ctx.admissible([c for p in parents for c in propose_all(ctx, state, p, slots)]), word_edits]
 
 
 def crossover(a: Candidate, b: Candidate) -> Candidate:
@@ -293,14 +301,19 @@ def beam_search(ctx: SearchContext, state: ItemState) -> SearchMethod:
     for _ in range(ctx.config.steps):
         if state.succeeded and ctx.config.stop_on_success:
             return
-        options = state.affordable(expand(ctx, state, [parent for _, _, parent in beam]))
-        if not options:
+        scored: list[tuple[float, Candidate]] = []
+        for phase in expansion_phases(ctx, state, [parent for _, _, parent in beam]):
+            if state.succeeded and ctx.config.stop_on_success:
+                break
+            options = state.affordable(phase())
+            if options:
+                probs = yield Request(options)
+                scored += zip(ctx.values(state.item, probs), options, strict=True)
+        if not scored:
             return
-        probs = yield Request(options)
-        scored = [(v, len(beam) + i, c) for i, (v, c) in enumerate(zip(ctx.values(state.item, probs), options,
-                                                                           strict=True))]
         # Ties break toward the earlier candidate, so the beam is deterministic.
-        beam = sorted(beam + scored, key=lambda t: (-t[0], t[1]))[: ctx.config.beam_width]
+        ranked = beam + [(v, len(beam) + i, c) for i, (v, c) in enumerate(scored)]
+        beam = sorted(ranked, key=lambda t: (-t[0], t[1]))[: ctx.config.beam_width]
 
 
 def evolutionary_search(ctx: SearchContext, state: ItemState) -> SearchMethod:

@@ -4,6 +4,7 @@ edits and their budget, and the adversarial suffix (token swaps, natural: false,
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -25,20 +26,30 @@ from flexsearch.candidate import Candidate, replay
 from flexsearch.config import load_config
 from flexsearch.errors import FlexsearchError
 from flexsearch.objectives import get_objective
-from flexsearch.render import PromptFormat, letter_token_ids
+from flexsearch.render import PromptFormat, cyclic_orders, letter_token_ids, render
 from flexsearch.scoring import Scorer
-from flexsearch.search_loop import ItemState, best_first, build_context, item_rng, run_search
+from flexsearch.search_loop import ItemState, best_first, build_context, expansion_phases, item_rng, run_search
 
 FMT = PromptFormat()
 CHEAP = ["constraints=[protected_spans, unique_positions, polarity_guard]"]
 
 
-def goal_at(target, ids: list[int], embeddings: torch.Tensor, candidate: Candidate) -> float:
-    """log P(stereotyped answer) over the letters, from given input embeddings (the gradient's goal)."""
-    with torch.no_grad():
-        logits = target.model(inputs_embeds=embeddings[None], attention_mask=torch.ones(1, len(ids))).logits
-        letters = torch.log_softmax(logits[0, -1, letter_token_ids(target.tokenizer, FMT.answer_prefix)].double(), -1)
-    return float(letters[candidate.option_order.index(candidate.item.target)])
+def goal_at(target, candidate: Candidate, orders, token: int, shift: torch.Tensor) -> float:
+    """The stereotype objective's value on the order-averaged letters, with `shift` added to the input
+    embedding of prompt token `token` in every order's prompt (computed independently of attacks/)."""
+    tokenizer, probs = target.tokenizer, np.zeros(3)
+    for order in orders:
+        shown = replace(candidate, option_order=order)
+        ids = tokenizer(render(shown, tokenizer, FMT), return_tensors="pt")["input_ids"]
+        with torch.no_grad():
+            embeddings = target.model.get_input_embeddings()(ids)[0].double()
+            embeddings[token] += shift.double()
+            logits = target.model.double()(inputs_embeds=embeddings[None]).logits
+            target.model.float()
+            letters = torch.softmax(logits[0, -1, letter_token_ids(tokenizer, FMT.answer_prefix)], -1).numpy()
+        for slot, answer in enumerate(order):
+            probs[answer] += letters[slot] / len(orders)
+    return get_objective("stereotype").value(probs, candidate.item)
 
 
 def one_token_edit(target, root: Candidate, gradient) -> Candidate:
@@ -59,25 +70,38 @@ def _span(gradient, field_name: str, index: int) -> tuple[int, int]:
     return word_spans(gradient.candidate, gradient.prompt)[(field_name, index)]
 
 
-def test_substitution_gain_is_the_directional_derivative(tiny_target, seed_items):
-    """For a one-token swap the estimate g·(e_new − e_old) must equal the goal's derivative along that
-    direction, measured by a finite difference on the model itself."""
+@pytest.mark.parametrize("averaged", [False, True], ids=["displayed order", "three orders"])
+def test_substitution_gain_is_the_directional_derivative(tiny_target, seed_items, averaged):
+    """For a one-token swap the estimate g·(e_new − e_old) must equal the objective's derivative along that
+    direction, measured by a finite difference on the model itself (over every averaged order)."""
     objective = get_objective("stereotype")
     for item in seed_items[:3]:
         root = Candidate.root(item)
-        gradient = prompt_gradient(tiny_target, FMT, objective, root)
+        orders = cyclic_orders(root.option_order) if averaged else [root.option_order]
+        gradient = prompt_gradient(tiny_target, FMT, objective, root, orders)
         child = one_token_edit(tiny_target, root, gradient)
         (gain,) = substitution_gains(gradient, tiny_target, [child])
         edit = child.edits[-1]
         (token,) = gradient.tokens_in(*_span(gradient, edit.field, edit.position))
-        direction = torch.zeros_like(gradient.embeddings)
         new = input_embeddings(tiny_target, tiny_target.tokenizer.encode(f" {edit.after}", add_special_tokens=False))
-        direction[token] = new[0] - gradient.embeddings[token]
-        eps = 1e-3
-        slope = (goal_at(tiny_target, gradient.ids, gradient.embeddings + eps * direction, root)
-                 - goal_at(tiny_target, gradient.ids, gradient.embeddings - eps * direction, root)) / (2 * eps)
+        direction = new[0] - gradient.embeddings[token]
+        eps = 1e-4
+        slope = (goal_at(tiny_target, root, orders, token, eps * direction)
+                 - goal_at(tiny_target, root, orders, token, -eps * direction)) / (2 * eps)
         assert abs(slope) > 1e-3  # a flat direction would make the comparison below vacuous
         assert gain == pytest.approx(slope, rel=0.05, abs=1e-4)
+
+
+def test_a_gradient_over_three_orders_covers_the_prompt_they_share(tiny_target, seed_items):
+    root = Candidate.root(seed_items[0])
+    gradient = prompt_gradient(tiny_target, FMT, get_objective("stereotype"), root, cyclic_orders(root.option_order))
+    covered = gradient.offsets[-1][1]
+    prompts = [render(replace(root, option_order=o), tiny_target.tokenizer, FMT)
+               for o in cyclic_orders(root.option_order)]
+    assert len({p[:covered] for p in prompts}) == 1  # what it covers, every order's prompt shares ...
+    assert covered < len(prompts[0]) and len({p[: covered + 12] for p in prompts}) > 1  # ... and no more
+    positions = editable_positions(root)
+    assert all(gradient.tokens_in(*_span(gradient, *p)) for p in positions)  # every editable word is
 
 
 def test_word_saliency_covers_every_position(tiny_target, seed_items):
@@ -116,11 +140,23 @@ def test_best_first_keeps_the_highest_gains_and_charges_one_pass(tiny_target, se
 
 
 def test_gradient_guided_search_stays_within_budget(tiny_target, seed_items):
-    ctx = _context(tiny_target, "budget=30", "control=false")
+    ctx = _context(tiny_target, "budget=30", "control=false", "stop_on_success=false")
     outcomes = run_search(seed_items[:6], ctx, "stereotype")
     assert ctx.resources.gradient_passes >= 6
     assert all(o.queries <= 30 for o in outcomes)
     assert any(e.operator == "textbugger" for o in outcomes for e in o.best.edits)
+
+
+def test_guided_expansion_pays_its_gradient_only_after_the_templates_are_scored(tiny_target, seed_items):
+    ctx = _context(tiny_target)
+    item = seed_items[2]
+    state = ItemState(item, ctx.objective, item_rng(0, item.id, "stereotype"), 100, 1)
+    parents = [Candidate.root(item)]
+    templates, word_edits = expansion_phases(ctx, state, parents)
+    assert all(c.edits[-1].position is None for c in templates()) and state.queries == 0
+    edits = word_edits()
+    assert edits and all(c.edits[-1].operator == "textbugger" for c in edits)
+    assert state.queries == GRADIENT_PASS_QUERIES and ctx.resources.gradient_passes == 1
 
 
 def test_gradient_proposals_refuse_evolutionary_and_unknown_values():
