@@ -48,6 +48,7 @@ bench: setup
 	$(BIN)/python -m benchmarks.bench_prefix
 	$(BIN)/python -m benchmarks.bench_resources
 	$(BIN)/python -m benchmarks.bench_attack --bbq $(BBQ)
+	$(BIN)/python -m benchmarks.bench_gradient --bbq $(BBQ)
 
 # The calibration zoo against its planted verdicts (appends to benchmarks/RESULTS.md; exits 1 on a mismatch).
 # Needs the BBQ jsonl files: BBQ=path/to/BBQ/data (default ../shared/data/bbq).
