@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from typing import cast
 
 import numpy as np
 
@@ -147,9 +148,10 @@ class Persona(_TemplateOperator):
         self.families = list(families or PERSONA_FAMILIES)
 
     @staticmethod
-    def settings_problem(n: int = 4, families: Sequence[str] | None = None, **_: object) -> str | None:
+    def settings_problem(n: int = 4, **settings: object) -> str | None:
         """Why these settings cannot work, or None (checked with the config, before any model loads)."""
-        unknown = sorted(set(families or []) - set(PERSONA_FAMILIES))
+        families = cast(Sequence[str], settings.get("families") or [])
+        unknown = sorted(set(families) - set(PERSONA_FAMILIES))
         if unknown:
             return f"unknown families {unknown}; known: {', '.join(sorted(PERSONA_FAMILIES))}"
         return _TemplateOperator.settings_problem(n=n)
