@@ -25,14 +25,13 @@ from flexsearch.registry import Registry
 from flexsearch.render import PromptFormat, render
 
 Position = tuple[str, int]  # (field, word index)
+GRADIENT_CACHE = 256  # prompts whose gradient is kept (a beam re-expands its parents)
 
 
 def refuse_settings(name: str, problem: str | None) -> None:
     """Raises an operator's settings_problem when it is built directly (the config check reports it earlier)."""
     if problem:
         raise FlexsearchError(f"{name}: {problem}")
-
-GRADIENT_CACHE = 256  # prompts whose gradient is kept (a beam re-expands its parents)
 
 
 @dataclass

@@ -22,7 +22,7 @@ import torch
 from flexsearch.candidate import Candidate
 from flexsearch.model import TargetModel
 from flexsearch.objectives import Objective
-from flexsearch.render import PromptFormat, letter_token_ids, render, word_spans
+from flexsearch.render import PromptFormat, common_prefix_length, letter_token_ids, render, word_spans
 
 GRADIENT_PASS_QUERIES = 3
 Order = tuple[int, int, int]
@@ -59,14 +59,6 @@ def objective_goal(objective: Objective, candidate: Candidate, answer_probs: tor
         return -torch.log(answer_probs[candidate.item.gold])
     others = torch.stack([answer_probs[k] for k in range(3) if k != aim])
     return torch.log(answer_probs[aim]) - torch.log(others.max())
-
-
-def common_prefix_length(sequences: Sequence[Sequence[int]]) -> int:
-    first = sequences[0]
-    length = min(len(s) for s in sequences)
-    for other in sequences[1:]:
-        length = next((k for k in range(length) if other[k] != first[k]), length)
-    return length
 
 
 def prompt_gradient(target: TargetModel, fmt: PromptFormat, objective: Objective, candidate: Candidate,

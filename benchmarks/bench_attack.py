@@ -284,9 +284,10 @@ def main() -> None:
                                  for it, p in zip(items, clean, strict=True)])
 
     fixed_rows, fixed_asr = [], {}
-    per_item = [fixed_attacks(it) for it in items]
-    fixed_names = ("FLEX persona", "FLEX refusal suppression", "FLEX text (char swap)")
-    for name in () if args.no_fixed or args.search_only else fixed_names:
+    fixed_names = () if args.no_fixed or args.search_only else ("FLEX persona", "FLEX refusal suppression",
+                                                                 "FLEX text (char swap)")
+    per_item = [fixed_attacks(it) for it in items] if fixed_names else []
+    for name in fixed_names:
         pairs = [(k, attacks[name]) for k, attacks in enumerate(per_item) if name in attacks]
         probs = scorer.score([c for _, c in pairs]).probs
         top = probs.argmax(1)

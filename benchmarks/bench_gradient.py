@@ -21,8 +21,9 @@ import time
 from pathlib import Path
 
 import numpy as np
+from scipy.stats import spearmanr
 
-from benchmarks.bench_attack import fixed_attacks, held_out_ambiguous
+from benchmarks.bench_attack import fixed_attacks, held_out_ambiguous, interval
 from benchmarks.common import BBQ, markdown_table, record
 from flexsearch.attacks.constraints import editable_positions
 from flexsearch.attacks.gradient import prompt_gradient, substitution_gains
@@ -37,27 +38,14 @@ from flexsearch.search_loop import ItemState, build_context, item_rng, propose_a
 VARIANTS = {"displayed order": False, "three orders": True}
 
 
-def ranks(values: np.ndarray) -> np.ndarray:
-    """Average ranks (ties share their mean rank), for Spearman's correlation."""
-    order = np.argsort(values, kind="stable")
-    out = np.empty(len(values))
-    out[order] = np.arange(len(values), dtype=float)
-    for value in np.unique(values):
-        tied = values == value
-        out[tied] = out[tied].mean()
-    return out
-
-
 def spearman(a: np.ndarray, b: np.ndarray) -> float:
-    ra, rb = ranks(a), ranks(b)
-    if ra.std() == 0 or rb.std() == 0:
-        return 0.0
-    return float(np.corrcoef(ra, rb)[0, 1])
+    """Spearman's correlation (0 when either side is constant)."""
+    rho = float(spearmanr(a, b).statistic)
+    return 0.0 if np.isnan(rho) else rho
 
 
-def interval(values: list[float]) -> str:
-    block = mean_with_interval(values)
-    return f"{block['value']:+.3f} [{block['ci'][0]:+.3f}, {block['ci'][1]:+.3f}]"
+def mean_interval(values: list[float]) -> str:
+    return interval(mean_with_interval(values))
 
 
 def main() -> None:
@@ -104,7 +92,7 @@ def main() -> None:
     rows = []
     for name, metrics in per_variant.items():
         hits = proportion(np.array(metrics["hit"], dtype=bool))
-        rows.append([name, parents, interval(metrics["rho"]), interval(metrics["lift"]),
+        rows.append([name, parents, mean_interval(metrics["rho"]), mean_interval(metrics["lift"]),
                      f"{hits['k']}/{hits['n']} [{hits['ci'][0]:.2f}, {hits['ci'][1]:.2f}]",
                      f"{seconds[name] / parents:.2f}"])
     flip = proportion(np.array(flips))
@@ -116,7 +104,7 @@ def main() -> None:
              markdown_table(["gradient", "parents", "Spearman ρ (gain, change)",
                              f"lift of its top-{args.top} over random", "its top edit in the sample's best 5",
                              "s per gradient"], rows), "",
-             f"Headroom: the best edit in each sample changes the objective by {interval(best_change)}; one edit "
+             f"Headroom: the best edit in each sample changes the objective by {mean_interval(best_change)}; one edit "
              f"alone flips the answer to the target on {flip['k']} of {flip['n']} parents.",
              "", f"Wall time {(time.perf_counter() - started) / 60:.1f} min."]
     record("Gradient-guided proposals: how well the estimate ranks real edits", "\n".join(lines))

@@ -35,7 +35,7 @@ from flexsearch.errors import FlexsearchError
 from flexsearch.items import Item
 from flexsearch.model import TargetModel, architecture_fingerprint, check_adapter
 from flexsearch.registry import Registry
-from flexsearch.render import PromptFormat, cyclic_orders, letter_token_ids, render
+from flexsearch.render import PromptFormat, common_prefix_length, cyclic_orders, letter_token_ids, render
 from flexsearch.runio import atomic_write_json, read_json, replace_folder
 from flexsearch.scoring import left_padded
 from flexsearch.training_prefixes import TRAINING_PREFIXES
@@ -355,7 +355,8 @@ def last_logits(model: torch.nn.Module, sequences: Sequence[Sequence[int]], per_
     several option orders: their common token prefix (instruction, context and question, most of the
     prompt) runs once and its cache serves the orders' suffixes, with gradients through both passes."""
     runs = [sequences[i:i + per_item] for i in range(0, len(sequences), per_item)]
-    shared = [_common_prefix_len(run) for run in runs]
+    # each run's shared tokens, leaving at least one token of every sequence to run after them
+    shared = [min(common_prefix_length(run), min(len(seq) for seq in run) - 1) for run in runs]
     if per_item == 1 or min(shared) == 0:
         ids, mask, positions = left_padded(sequences, pad_id)
         return model(input_ids=ids.to(device), attention_mask=mask.to(device), position_ids=positions.to(device),
@@ -371,15 +372,6 @@ def last_logits(model: torch.nn.Module, sequences: Sequence[Sequence[int]], per_
     mask = torch.cat([prefix_mask.repeat_interleave(per_item, dim=0), suffix_mask], dim=1)
     return model(input_ids=ids.to(device), attention_mask=mask.to(device), position_ids=positions.to(device),
                  cache=cache, use_cache=True, logits_to_keep=1).logits[:, -1, :]
-
-
-def _common_prefix_len(run: Sequence[Sequence[int]]) -> int:
-    """Tokens shared by every sequence of the run, leaving at least one token of each to run after them."""
-    limit = min(len(seq) for seq in run) - 1
-    shared = 0
-    while shared < limit and all(seq[shared] == run[0][shared] for seq in run):
-        shared += 1
-    return shared
 
 
 def _peft_model(target: TargetModel, config: FinetuneConfig, init_adapter: Path | None) -> PeftModel:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from transformers import PreTrainedTokenizerBase
@@ -83,3 +84,13 @@ def letter_token_ids(tokenizer, answer_prefix: str) -> list[int]:
     if len(set(ids)) != 3:
         raise FlexsearchError("the three option letters share a token")
     return ids
+
+
+def common_prefix_length(sequences: Sequence[Sequence[int]]) -> int:
+    """How many leading tokens every sequence shares (a prompt's option orders share everything before
+    the options)."""
+    limit = min(len(seq) for seq in sequences)
+    shared = 0
+    while shared < limit and all(seq[shared] == sequences[0][shared] for seq in sequences):
+        shared += 1
+    return shared
