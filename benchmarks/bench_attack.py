@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from tqdm.auto import tqdm
 
 from benchmarks.common import BBQ, ROOT, markdown_table, record
 from flexsearch.attacks import AttackResources
@@ -127,10 +128,11 @@ def run_method(name: str, items: list[Item], scorer: Scorer, budget: int) -> Met
     config = load_config(preset, overrides, budget=budget, control=False)
     prompts_before, started = scorer.queries, time.perf_counter()
     outcomes, passes = {}, 0
-    for objective in ("stereotype", "anti_stereotype"):
-        ctx = build_context(config, scorer, objective)
-        outcomes[objective] = run_search(items, ctx, objective)
-        passes += ctx.resources.gradient_passes
+    with tqdm(total=2 * len(items), desc=f"{name} (stereotype + control)", unit="item") as progress:
+        for objective in ("stereotype", "anti_stereotype"):
+            ctx = build_context(config, scorer, objective)
+            outcomes[objective] = run_search(items, ctx, objective, progress=progress)
+            passes += ctx.resources.gradient_passes
     return MethodResult(name, outcomes["stereotype"], outcomes["anti_stereotype"], time.perf_counter() - started,
                         scorer.queries - prompts_before, passes)
 

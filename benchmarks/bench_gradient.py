@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 from scipy.stats import spearmanr
+from tqdm.auto import tqdm
 
 from benchmarks.bench_attack import fixed_attacks, held_out_ambiguous, interval
 from benchmarks.common import BBQ, markdown_table, record
@@ -66,7 +67,8 @@ def main() -> None:
     rng = np.random.default_rng(args.seed)
     per_variant: dict[str, dict[str, list[float]]] = {v: {"rho": [], "lift": [], "hit": []} for v in VARIANTS}
     best_change, flips, parents, seconds = [], [], 0, dict.fromkeys(VARIANTS, 0.0)
-    for item in held_out_ambiguous(args.model, args.bbq, args.items, args.seed):
+    for item in tqdm(held_out_ambiguous(args.model, args.bbq, args.items, args.seed), desc="gradient ranking",
+                     unit="item"):
         state = ItemState(item, ctx.objective, item_rng(args.seed, item.id, "stereotype"), 10**9, 3)
         for parent in (Candidate.root(item), fixed_attacks(item)["FLEX persona"]):
             edits = ctx.admissible(propose_all(ctx, state, parent, ctx.word_operators, editable_positions(parent)))

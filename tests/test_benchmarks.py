@@ -1,0 +1,91 @@
+"""The attack benchmark's bookkeeping: ASR at a budget, queries to reach a level, P(aim) at a budget,
+saved outcomes read back only for the setup they were measured on, and the FLEX-style fixed attacks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from benchmarks.bench_attack import (
+    MethodResult,
+    fixed_attacks,
+    load_method,
+    p_aim_at,
+    queries_to_reach,
+    save_method,
+    success_at,
+)
+from flexsearch.attacks.templates import INSTRUCTIONS
+from flexsearch.candidate import Candidate
+from flexsearch.items import Item
+from flexsearch.search_loop import ItemOutcome
+
+
+def outcome(item: Item, first_success: int | None, improvements: list[tuple[int, list[float]]],
+            best: Candidate | None = None) -> ItemOutcome:
+    clean = np.array([0.2, 0.5, 0.3])
+    last = np.array(improvements[-1][1]) if improvements else clean
+    return ItemOutcome(item, "stereotype", best or Candidate.root(item), clean, last, first_success is not None,
+                       100, first_success, [(spent, np.array(p)) for spent, p in improvements])
+
+
+def test_success_at_counts_only_successes_within_the_budget(seed_items: list[Item]) -> None:
+    outcomes = [outcome(it, first, []) for it, first in zip(seed_items, [10, 40, None, 90], strict=False)]
+    assert success_at(outcomes, 50).tolist() == [True, True, False, False]
+    assert success_at(outcomes, 90).tolist() == [True, True, False, True]
+    assert success_at(outcomes, 9).tolist() == [False, False, False, False]
+
+
+def test_queries_to_reach_a_level_among_eligible_items(seed_items: list[Item]) -> None:
+    outcomes = [outcome(it, first, []) for it, first in zip(seed_items, [10, 40, None, 5], strict=False)]
+    eligible = np.array([True, True, True, False])  # the fourth item's early success does not count
+    assert queries_to_reach(outcomes, eligible, 2 / 3, 100) == 40
+    assert queries_to_reach(outcomes, eligible, 1 / 3, 100) == 10
+    assert queries_to_reach(outcomes, eligible, 2 / 3, 30) is None  # reached only after the budget
+    assert queries_to_reach(outcomes, eligible, 1.0, 100) is None  # the third item never succeeds
+    assert queries_to_reach(outcomes, eligible, 0.0, 100) == 0
+
+
+def test_p_aim_at_is_the_best_found_within_the_budget(seed_items: list[Item]) -> None:
+    item = seed_items[0]
+    shown = outcome(item, 30, [(6, [0.1, 0.1, 0.8]), (30, [0.9, 0.05, 0.05])])
+    aim = item.target
+    assert p_aim_at([shown], 5, "target")[0] == pytest.approx(shown.clean_probs[aim])
+    assert p_aim_at([shown], 6, "target")[0] == pytest.approx([0.1, 0.1, 0.8][aim])
+    assert p_aim_at([shown], 100, "target")[0] == pytest.approx([0.9, 0.05, 0.05][aim])
+
+
+def test_saved_outcomes_read_back_for_their_setup_only(seed_items: list[Item], tmp_path: Path) -> None:
+    items = seed_items[:2]
+    edited = fixed_attacks(items[0])["FLEX refusal suppression"]
+    result = MethodResult("default", [outcome(items[0], 12, [(3, [0.3, 0.3, 0.4]), (12, [0.1, 0.8, 0.1])], edited),
+                                      outcome(items[1], None, [])],
+                          [outcome(it, None, []) for it in items], 61.5, 240, 2)
+    setup = {"model": "m", "items": [it.id for it in items], "budget": 100, "dtype": "float32"}
+    save_method(result, tmp_path, setup)
+    back = load_method("default", tmp_path, setup, items)
+    assert back is not None
+    assert (back.seconds, back.prompts, back.gradient_passes) == (61.5, 240, 2)
+    for saved, read in zip([*result.main, *result.control], [*back.main, *back.control], strict=True):
+        assert read.best.chain() == saved.best.chain()
+        assert read.first_success_query == saved.first_success_query
+        np.testing.assert_allclose(read.best_probs, saved.best_probs)
+        assert [s for s, _ in read.improvements] == [s for s, _ in saved.improvements]
+    assert load_method("random", tmp_path, setup, items) is None
+    with pytest.raises(SystemExit, match="another setup"):
+        load_method("default", tmp_path, {**setup, "budget": 200}, items)
+
+
+def test_fixed_attacks_are_one_template_or_one_character_swap(seed_items: list[Item]) -> None:
+    item = seed_items[0]
+    attacks = fixed_attacks(item)
+    assert set(attacks) == {"FLEX persona", "FLEX refusal suppression", "FLEX text (char swap)"}
+    assert [e.operator for e in attacks["FLEX persona"].edits] == ["persona"]
+    assert attacks["FLEX refusal suppression"].instruction.endswith(INSTRUCTIONS[0])
+    swap = attacks["FLEX text (char swap)"]
+    root = Candidate.root(item)
+    changed = [i for i, (a, b) in enumerate(zip(root.words("context"), swap.words("context"), strict=True)) if a != b]
+    assert len(changed) == 1 and sorted(root.words("context")[changed[0]]) == sorted(swap.words("context")[changed[0]])
+    assert swap.words("question") == root.words("question")
