@@ -28,6 +28,7 @@ from benchmarks.bench_attack import fixed_attacks, held_out_ambiguous, interval
 from benchmarks.common import BBQ, markdown_table, record
 from flexsearch.attacks.constraints import editable_positions
 from flexsearch.attacks.gradient import prompt_gradient, substitution_gains
+from flexsearch.attacks.textbugger import BUGS
 from flexsearch.candidate import Candidate
 from flexsearch.config import load_config
 from flexsearch.metrics import mean_with_interval, proportion
@@ -56,12 +57,18 @@ def main() -> None:
     parser.add_argument("--items", type=int, default=12)
     parser.add_argument("--sample", type=int, default=30, help="scored one-word edits per parent")
     parser.add_argument("--top", type=int, default=2, help="edits a guided expansion scores (gradient_top)")
+    parser.add_argument("--bugs", nargs="+", choices=BUGS, help="TextBugger's edit kinds (default: the preset's); "
+                        "sub_w alone measures whole-word WordNet swaps")
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     started = time.perf_counter()
     target = load_target(args.model, dtype=args.dtype)
     config = load_config("gradient")
+    for spec in config.operators:
+        if spec["name"] == "textbugger" and args.bugs:
+            spec["bugs"] = args.bugs
+    bugs = ", ".join(next(s.get("bugs", BUGS) for s in config.operators if s["name"] == "textbugger"))
     scorer = Scorer.from_config(target, config.scoring)
     ctx = build_context(config, scorer, "stereotype")
     rng = np.random.default_rng(args.seed)
@@ -100,7 +107,7 @@ def main() -> None:
     flip = proportion(np.array(flips))
     lines = [f"{parents} parent prompts (the clean prompt and one with the FLEX-style persona, on {args.items} "
              f"held-out ambiguous items of `{args.model}`), up to {args.sample} admissible TextBugger one-word edits "
-             "each (the gradient preset's operator and constraints), scored order-averaged; measured change = the "
+             f"each (bugs: {bugs}; the gradient preset's constraints), scored order-averaged; measured change = the "
              "stereotype objective's value (log-margin) of the edit minus its parent's. Means over parents with "
              "bootstrap 95% intervals.", "",
              markdown_table(["gradient", "parents", "Spearman ρ (gain, change)",
