@@ -65,10 +65,10 @@ def main() -> None:
     started = time.perf_counter()
     target = load_target(args.model, dtype=args.dtype)
     config = load_config("gradient")
-    for spec in config.operators:
-        if spec["name"] == "textbugger" and args.bugs:
-            spec["bugs"] = args.bugs
-    bugs = ", ".join(next(s.get("bugs", BUGS) for s in config.operators if s["name"] == "textbugger"))
+    textbugger = next(spec for spec in config.operators if spec["name"] == "textbugger")
+    if args.bugs:
+        textbugger["bugs"] = args.bugs
+    bugs = ", ".join(textbugger.get("bugs", BUGS))
     scorer = Scorer.from_config(target, config.scoring)
     ctx = build_context(config, scorer, "stereotype")
     rng = np.random.default_rng(args.seed)
