@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from flexsearch.attacks.base import CONSTRAINTS, AttackResources, Position
+from flexsearch.audit import names_option
 from flexsearch.candidate import WORD_FIELDS, Candidate
 from flexsearch.items import Item
 
@@ -99,6 +100,18 @@ class ProtectedSpans:
     def accept(self, candidates: Sequence[Candidate]) -> list[bool]:
         return [not any((e.field, e.position) in protected_positions(c.item) for e in word_edits(c))
                 for c in candidates]
+
+
+@CONSTRAINTS.register("no_option_names")
+class NoOptionNames:
+    """Rejects a candidate whose added text (persona, instruction, suffix) names one of the item's answer
+    options: a template must never point at a person (DESIGN.md "Label validity")."""
+
+    def __init__(self, resources: AttackResources) -> None:
+        pass
+
+    def accept(self, candidates: Sequence[Candidate]) -> list[bool]:
+        return [not names_option(c.instruction, c.item.answers) for c in candidates]
 
 
 @CONSTRAINTS.register("edit_budget")

@@ -39,8 +39,9 @@ from tqdm.auto import tqdm
 from benchmarks.common import BBQ, ROOT, markdown_table, record
 from flexsearch.attacks import AttackResources
 from flexsearch.attacks.constraints import SentenceSimilarity, editable_positions, protected_positions
-from flexsearch.attacks.templates import INSTRUCTIONS, PERSONA_FAMILIES, fill
+from flexsearch.attacks.templates import INSTRUCTION_FAMILIES, PERSONA_FAMILIES, fill
 from flexsearch.attacks.textbugger import character_bugs, split_word
+from flexsearch.audit import PRESERVING
 from flexsearch.candidate import Candidate, replay
 from flexsearch.config import load_config
 from flexsearch.finetune import eval_items_of
@@ -59,6 +60,7 @@ SEARCHES: dict[str, tuple[str, list[str]]] = {  # method → (preset, overrides)
     "textbugger": ("textbugger", []),
     "random": ("default", ["method=random", "steps=100"]),
     "suffix": ("research", ["steps=100"]),
+    "forced": ("forced_choice", ["steps=100"]),  # the forced-choice measurement: reported apart, never as ASR
 }
 PLOT = ROOT / "benchmarks" / "attack_asr_vs_queries.png"
 SAVED = ROOT / "runs" / "bench_attack"
@@ -159,10 +161,12 @@ def fixed_attacks(item: Item) -> dict[str, Candidate]:
     """FLEX-style single attacks on one item (ours, in FLEX's style)."""
     root = Candidate.root(item)
     attacks = {
-        "FLEX persona": root.with_slot("persona", "persona", fill(PERSONA_FAMILIES["hostile_speaker"][0], item),
-                                       family="hostile_speaker", template=0),
-        "FLEX refusal suppression": root.with_slot("instruction", "directive", INSTRUCTIONS[0],
-                                                   family="instruction", template=0),
+        "FLEX persona": root.with_slot("persona", "persona", str(fill(PERSONA_FAMILIES["hostile_speaker"][0].text,
+                                                                     item)),
+                                       family="hostile_speaker", template=0, effect=PRESERVING),
+        "FLEX refusal suppression": root.with_slot("instruction", "directive",
+                                                   INSTRUCTION_FAMILIES["refusal_suppression"][0].text,
+                                                   family="refusal_suppression", template=0, effect=PRESERVING),
     }
     words = [(f, i) for f, i in editable_positions(root) if f == "context" and "swap" in character_bugs(
         split_word(root.words(f)[i])[1])]

@@ -15,7 +15,7 @@ import numpy as np
 
 from benchmarks.common import bbq_items, markdown_table, record, timed
 from flexsearch.attacks import OPERATORS, AttackResources, build
-from flexsearch.attacks.templates import INSTRUCTIONS, PERSONA_FAMILIES, fill
+from flexsearch.attacks.templates import INSTRUCTION_FAMILIES, PERSONA_FAMILIES, fill
 from flexsearch.candidate import Candidate
 from flexsearch.model import TargetModel, load_target
 from flexsearch.render import PromptFormat, render
@@ -30,9 +30,10 @@ def workload(n_items: int, edits: int, seed: int = 0) -> list[Candidate]:
     out: list[Candidate] = []
     for item in bbq_items("Age", n_items, condition="ambig"):
         # About 300 tokens of instruction: one persona per family and ten instructions.
-        persona = " ".join(fill(family[0], item) for family in PERSONA_FAMILIES.values())
+        persona = " ".join(str(fill(family[0].text, item)) for family in PERSONA_FAMILIES.values())
+        instructions = [t.text for family in INSTRUCTION_FAMILIES.values() for t in family]
         root = Candidate.root(item).with_slot("persona", "persona", persona).with_slot(
-            "instruction", "directive", " ".join(INSTRUCTIONS[:10]))
+            "instruction", "directive", " ".join(instructions[:10]))
         positions = [("question", i) for i in range(len(root.question_words))]
         proposals: list[Candidate] = []
         while len(proposals) < edits:

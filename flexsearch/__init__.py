@@ -14,15 +14,15 @@ from typing import TYPE_CHECKING, Any
 
 from flexsearch.version import __version__
 
-__all__ = ["Comparison", "RayOptions", "Rate", "RunResult", "Score", "Target", "__version__", "compare", "evaluate",
-           "search"]
+__all__ = ["Comparison", "Difference", "RayOptions", "Rate", "RunResult", "Score", "Target", "__version__", "audit",
+           "compare", "evaluate", "search"]
 
 if TYPE_CHECKING:
-    from flexsearch.api import RayOptions, Target, compare, evaluate, search
-    from flexsearch.results import Comparison, Rate, RunResult, Score
+    from flexsearch.api import RayOptions, Target, audit, compare, evaluate, search
+    from flexsearch.results import Comparison, Difference, Rate, RunResult, Score
 
-_API = ("search", "evaluate", "compare", "Target", "RayOptions")
-_RESULTS = ("Score", "Rate", "RunResult", "Comparison")
+_API = ("search", "evaluate", "compare", "audit", "Target", "RayOptions")
+_RESULTS = ("Score", "Rate", "Difference", "RunResult", "Comparison")
 
 
 def __getattr__(name: str) -> Any:

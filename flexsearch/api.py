@@ -13,16 +13,28 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
+from flexsearch.audit import audit_rows
 from flexsearch.candidate import Candidate, replay
-from flexsearch.config import Origins, ScoringConfig, SearchConfig, check_settings, config_dict, load_config
+from flexsearch.config import (
+    Origins,
+    ScoringConfig,
+    SearchConfig,
+    check_settings,
+    config_dict,
+    load_config,
+    prompts_per_candidate,
+)
 from flexsearch.errors import FlexsearchError
 from flexsearch.evaluation import CLEAN_COLUMNS, evaluate_items, format_table, prediction_rows, score_all
 from flexsearch.items import Item, LoadResult, load_items, source_sha256
 from flexsearch.metrics import dig, metric_text, perturbed_word_share, robustness_score
 from flexsearch.model import requested_model
+from flexsearch.objectives import SUCCESS_MARGIN
 from flexsearch.render import render
 from flexsearch.results import Comparison, RunResult, Score
 from flexsearch.runio import (
+    FORCED_CSV,
+    FORCED_JSONL,
     PREDICTIONS,
     RESEARCH_CSV,
     RESEARCH_JSONL,
@@ -34,6 +46,7 @@ from flexsearch.runio import (
     atomic_write_json,
     atomic_write_jsonl,
     atomic_write_text,
+    read_jsonl,
     read_log,
     software_versions,
 )
@@ -100,8 +113,10 @@ def search(data: str = "seed", *, model: str | Target = "smollm2", out: str | Pa
         done, retries = _search_objectives(run, items, objectives, scorer, resolved_config, target, ray)
         rows = _write_split(run, items, done[resolved_config.objective], scorer)
         score = _search_score(items, done, objectives, scorer, resolved_config, data, skipped, retries, ray)
-        score["split_rows"] = {"natural": sum(r["natural"] for r in rows),
-                               "research": sum(not r["natural"] for r in rows)}
+        score["split_rows"] = {name: sum(split_file_of(r)[0] == jsonl for r in rows)
+                               for name, jsonl in (("benchmark", SPLIT_JSONL), ("forced_choice", FORCED_JSONL),
+                                                   ("research", RESEARCH_JSONL))}
+        score["audit"] = _audit([{**r, "file": split_file_of(r)[0]} for r in rows])
         written = run.write_score(score, started)
         files = run.files()
     return RunResult(run_dir, Score.from_dict(written), rows, format_search_table(written, resolved_config.objective),
@@ -165,18 +180,29 @@ def _search_objectives(run: RunDirectory, items: list[Item], objectives: list[st
     return done, retries
 
 
+SPLIT_FILES = ((SPLIT_JSONL, SPLIT_CSV), (FORCED_JSONL, FORCED_CSV), (RESEARCH_JSONL, RESEARCH_CSV))
+
+
+def split_file_of(row: dict[str, Any]) -> tuple[str, str]:
+    """Where a row goes: the benchmark split holds natural, label-valid rows only; a row carrying an optimised
+    suffix goes to split-research.*, one carrying a forced-choice template to split-forced.*."""
+    if not row["natural"]:
+        return RESEARCH_JSONL, RESEARCH_CSV
+    return (FORCED_JSONL, FORCED_CSV) if row["forced_choice"] else (SPLIT_JSONL, SPLIT_CSV)
+
+
 def _write_split(run: RunDirectory, items: list[Item], outcomes: dict[str, dict[str, Any]],
                  scorer: Scorer) -> list[dict[str, Any]]:
-    """The hardest prompt per item: natural ones as split.jsonl and split.csv, the others (an optimised
-    token suffix) apart as split-research.*, so the benchmark split never carries them. Returns all rows."""
+    """The hardest prompt per item, each row in its file (split_file_of), so the benchmark split never carries
+    a forced-choice or non-natural prompt. Returns all rows."""
     rows = []
     for item in items:
         record = outcomes[item.id]
         prompt = render(replay(item, record["chain"], tuple(record["option_order"])), scorer.target.tokenizer,
                         scorer.fmt)
         rows.append(split_row(record, item, prompt))
-    for (jsonl, csv), kept in (((SPLIT_JSONL, SPLIT_CSV), [r for r in rows if r["natural"]]),
-                               ((RESEARCH_JSONL, RESEARCH_CSV), [r for r in rows if not r["natural"]])):
+    for jsonl, csv in SPLIT_FILES:
+        kept = [r for r in rows if split_file_of(r) == (jsonl, csv)]
         if kept or jsonl == SPLIT_JSONL:
             atomic_write_jsonl(run.path / jsonl, kept)
             atomic_write_text(run.path / csv, split_csv_text(kept))
@@ -194,13 +220,17 @@ def _search_score(items: list[Item], done: dict[str, dict[str, dict[str, Any]]],
         "method": config.method, "budget": config.budget, "seed": config.seed,
         "average_orders": config.scoring.average_orders,
         "backend": "ray" if ray is not None else "local", "worker_retries": retries,
-        **robustness_score(items, arrays[config.objective], arrays.get("anti_stereotype"), config.budget, letters),
+        "success_margin": config.success_margin,
+        **robustness_score(items, arrays[config.objective], arrays.get("anti_stereotype"), config.budget, letters,
+                           config.success_margin),
     }
 
 
 def _outcome_arrays(objective: str, items: list[Item], records: list[dict[str, Any]]) -> dict[str, Any]:
     return {
         "objective": objective,
+        "forced": np.array([replay(it, r["chain"]).forced_choice for it, r in zip(items, records, strict=True)],
+                           dtype=bool),
         "perturbed": np.array([perturbed_word_share(it, r["chain"]) for it, r in zip(items, records, strict=True)]),
         "clean": np.array([r["clean_probs"] for r in records]),
         "attacked": np.array([r["best_probs"] for r in records]),
@@ -265,11 +295,13 @@ def _evaluate_split(split: Path, out: Path, target: Target, scoring: dict[str, A
         objective = str(rows[0].record.get("objective", "stereotype"))
         clean = score_all(scorer, [Candidate.root(it) for it in items], desc="clean")
         attacked = score_all(scorer, [r.candidate for r in rows], desc="attacked")
-        arrays = {"objective": objective, "clean": clean.probs, "attacked": attacked.probs}
+        arrays = {"objective": objective, "clean": clean.probs, "attacked": attacked.probs,
+                  "forced": np.array([r.candidate.forced_choice for r in rows], dtype=bool)}
         dropped = total - len(rows)
         score = {"split": str(split), "model": scorer.target.info, "items": len(items),
                  "skipped": dropped, "skipped_reasons": {f"prompt over {scorer.max_prompt_tokens} tokens": dropped}
-                 if dropped else {}, **robustness_score(items, arrays, None, None, clean.letters),
+                 if dropped else {}, "success_margin": SUCCESS_MARGIN,
+                 **robustness_score(items, arrays, None, None, clean.letters, SUCCESS_MARGIN),
                  "queries": scorer.queries}
         predictions = [{**row, "attacked_probs": [round(float(p), 6) for p in probs]}
                        for row, probs in zip(prediction_rows(items, clean), attacked.probs, strict=True)]
@@ -302,12 +334,13 @@ def registries() -> dict[str, dict[str, str]]:
     from flexsearch.finetune import POLICIES
     from flexsearch.model import ALIAS_DESCRIPTIONS
     from flexsearch.objectives import OBJECTIVES
+    from flexsearch.registry import summary
     from flexsearch.search_loop import METHODS
 
     return {"model aliases": dict(ALIAS_DESCRIPTIONS), "label policies (finetune)": POLICIES.describe(),
             "operators": OPERATORS.describe(), "constraints": CONSTRAINTS.describe(),
             "objectives": OBJECTIVES.describe(),
-            "search methods": {name: (fn.__doc__ or "").strip().splitlines()[0] for name, fn in METHODS.items()}}
+            "search methods": {name: summary(fn.__doc__) for name, fn in METHODS.items()}}
 
 
 def format_search_table(score: dict[str, Any], objective: str) -> str:
@@ -332,8 +365,11 @@ def format_search_table(score: dict[str, Any], objective: str) -> str:
                  f", abstention {metric_text(clean['abstention_rate'])}")
     attack = score[objective]
     if "queries" in attack:
+        cost = prompts_per_candidate(bool(score.get("average_orders")))
+        reach = (f"; budget {score['budget']} = {score['budget'] // cost} prompts of {cost} queries (one per option "
+                 f"order): the clean one and {score['budget'] // cost - 1} attacked" if "budget" in score else "")
         lines.append(f"queries per item: mean {attack['queries']['mean']:.1f}, median {attack['queries']['median']:.0f}"
-                     f" (ASR over {attack['eligible_items']} items answered correctly when clean)")
+                     f" (ASR over {attack['eligible_items']} items answered correctly when clean{reach})")
     lines.append(summary_text(attack["summary"], score, objective))
     if "fairness_gap" in score:
         gap = score["fairness_gap"]
@@ -341,6 +377,18 @@ def format_search_table(score: dict[str, Any], objective: str) -> str:
                      " — a gap near 0 means the model is merely easy to push, not biased")
     if "verdict" in score:
         lines.append(f"verdict: {score['verdict']['verdict']} ({score['verdict']['reason']})")
+    forced = attack.get("forced_choice")
+    if forced:
+        lines.append(f"forced choice ({forced['rows']} rows, split-forced.*, not in ASR): P(stereotyped) - "
+                     f"P(anti-stereotyped) {metric_text(forced['mean_p_stereotyped_minus_anti'])}, chose the "
+                     f"stereotyped person {metric_text(forced['stereotyped_share'])} "
+                     f"({forced['stereotyped_share']['k']}/{forced['stereotyped_share']['n']})")
+    if "audit" in score:
+        audit = score["audit"]
+        rules = ", ".join(f"{rule} {count}" for rule, count in audit["by_rule"].items() if count)
+        lines.append(f"label-validity audit: {audit['benchmark']['flagged']} of {audit['benchmark']['rows']} rows of "
+                     f"split.jsonl break a rule; {audit['flagged']} of {audit['rows']} emitted rows in all"
+                     + (f" ({rules}; `flexsearch audit` lists them)" if rules else ""))
     return "\n".join(lines)
 
 
@@ -349,8 +397,12 @@ def summary_text(summary: dict[str, Any], score: dict[str, Any], objective: str)
     def num(value: float | None, spec: str) -> str:
         return "-" if value is None else format(value, spec)
 
-    return (f"attack summary ({objective}): {summary['succeeded']} succeeded, {summary['failed']} failed, "
-            f"{summary['skipped']} skipped (not eligible); clean accuracy {metric_text(score['clean']['accuracy'])}, "
+    apart = (f" (of them {summary['near_ties']} near ties: the aim on top by less than the margin)"
+             if summary.get("near_ties") else "")
+    forced = (f", {summary['forced_choice']} forced-choice (measured apart)" if summary.get("forced_choice") else "")
+    return (f"attack summary ({objective}): {summary['succeeded']} succeeded, {summary['failed']} failed{apart}, "
+            f"{summary['skipped']} skipped (not eligible){forced}; "
+            f"clean accuracy {metric_text(score['clean']['accuracy'])}, "
             f"under attack {metric_text(score['attacked']['accuracy'])}, ASR {metric_text(score[objective]['asr'])}; "
             f"words perturbed {num(summary['mean_perturbed_word_share'], '.1%')} (successes), queries "
             f"{num(summary['mean_queries'], '.1f')} (attacked items), {num(summary['mean_queries_to_success'], '.1f')}"
@@ -376,7 +428,9 @@ def mutate(data: str, item_ref: str, operator: str, n: int, settings: list[str],
         raise FlexsearchError(f"--item {item_ref}: no such item id or index in {data} ({len(items)} items)")
     resources = AttackResources()
     op = build(OPERATORS, spec, resources)
-    constraints = [build(CONSTRAINTS, c, resources) for c in SearchConfig().constraints]
+    # the similarity check (a sentence encoder) only judges word edits; a template operator is never slowed by it
+    specs = [c for c in SearchConfig().constraints if op.edits_words or c["name"] != "similarity"]
+    constraints = [build(CONSTRAINTS, c, resources) for c in [{"name": "no_option_names"}, *specs]]
     rng = np.random.default_rng(seed)
     root = Candidate.root(chosen)
     accepted: list[Candidate] = []
@@ -396,6 +450,21 @@ def mutate(data: str, item_ref: str, operator: str, n: int, settings: list[str],
     if not accepted:
         lines.append("no mutation passed the constraints")
     return "\n".join(lines)
+
+
+def audit(run: str | Path) -> dict[str, Any]:
+    """The label-validity audit (flexsearch/audit.py) of a search run's emitted rows: the benchmark split,
+    and the forced-choice and research rows when present; `benchmark` is the split.jsonl part alone."""
+    path = Path(run)
+    if not (path / SPLIT_JSONL).is_file():
+        raise FlexsearchError(f"{path}: no {SPLIT_JSONL} (not a finished search run directory)")
+    return _audit([{**row, "file": jsonl} for jsonl, _ in SPLIT_FILES if (path / jsonl).is_file()
+                   for row in read_jsonl(path / jsonl)])
+
+
+def _audit(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """audit_rows over every emitted row (each naming its file), with the benchmark split's count apart."""
+    return {**audit_rows(rows), "benchmark": audit_rows([r for r in rows if r["file"] == SPLIT_JSONL], show=0)}
 
 
 def compare(run_a: str | Path, run_b: str | Path, out: str | Path | None = None) -> Comparison:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from flexsearch.audit import FORCED_CHOICE
 from flexsearch.items import Item
 
 WORD_FIELDS = ("context", "question")  # edited word by word
@@ -67,6 +68,12 @@ class Candidate:
     def natural(self) -> bool:
         """Whether the prompt is natural text a person could have written (no optimised token slot)."""
         return not self.suffix
+
+    @property
+    def forced_choice(self) -> bool:
+        """Whether a template still in a slot declares itself forced-choice (its row is measured apart)."""
+        in_place = {e.field: e for e in self.edits if e.field in SLOT_FIELDS}  # a slot's last edit holds its text
+        return any(dict(e.args).get("effect") == FORCED_CHOICE for e in in_place.values())
 
     def words(self, field_name: str) -> tuple[str, ...]:
         return self.context_words if field_name == "context" else self.question_words

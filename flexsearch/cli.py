@@ -190,7 +190,8 @@ def mutate(
     set_: Annotated[list[str] | None, typer.Option("--set", help="Operator setting key=value.")] = None,
     seed: int = 0,
 ) -> None:
-    """Print accepted mutations of one item by one operator, with their edits (no model needed)."""
+    """Print accepted mutations of one item by one operator, with their edits (no target model; word operators
+    load the small sentence encoder of the similarity constraint)."""
     from flexsearch import api
 
     with user_errors():
@@ -208,6 +209,28 @@ def compare(
 
     with user_errors():
         typer.echo(api.compare(run_a, run_b, out).table)
+
+
+@app.command()
+def audit(
+    run: Annotated[Path, typer.Argument(help="A finished search run directory (holds split.jsonl).")],
+    strict: Annotated[bool, typer.Option(help="Exit 1 when a row of the benchmark split breaks a rule.")] = False,
+    json_output: JsonOpt = False,
+) -> None:
+    """Check that every emitted prompt keeps its gold label: no added text names an option, excludes one,
+    demands a person or changes the question (rules: docs/DESIGN.md, "Label validity")."""
+    import json
+
+    from flexsearch import api
+    from flexsearch.audit import format_audit
+
+    with user_errors():
+        result = api.audit(run)
+    typer.echo(json.dumps(result, indent=2) if json_output else format_audit(result)
+               + f"\nbenchmark split ({run / 'split.jsonl'}): {result['benchmark']['flagged']} of "
+               f"{result['benchmark']['rows']} rows break a rule")
+    if strict and result["benchmark"]["flagged"]:
+        raise typer.Exit(1)
 
 
 @app.command()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import inspect
+import math
 import typing
 from dataclasses import asdict, dataclass, field
 from importlib import resources
@@ -14,6 +15,7 @@ from typing import Any
 import yaml
 
 from flexsearch.errors import FlexsearchError, InputError
+from flexsearch.objectives import SUCCESS_MARGIN
 
 METHODS = ("greedy", "beam", "evolutionary", "random")
 PROPOSALS = ("sampled", "gradient")
@@ -43,6 +45,7 @@ class SearchConfig:
     proposals: str = "sampled"  # word edits: sampled positions | gradient (every position, best first-order gain)
     gradient_top: int = 4  # with gradient proposals: word edits scored per expanded candidate
     stop_on_success: bool = True
+    success_margin: float = SUCCESS_MARGIN  # P(aim) must beat every other answer by this much (no near ties)
     operators: list[Any] = field(default_factory=lambda: [{"name": "persona", "n": 2},
                                                           {"name": "instruction", "n": 2},
                                                           {"name": "textbugger", "positions": 1,
@@ -152,7 +155,9 @@ _RANGES: dict[str, tuple[float, str]] = {  # setting → (least value, why)
     "population": (1, "members"), "gradient_top": (1, "word edits scored per expansion"),
     "scoring.batch_size": (1, "prompts per forward pass"),
     "scoring.max_prompt_tokens": (0, "tokens; 0 means the model's context length"),
+    "success_margin": (0, "a probability difference"),
 }
+_BELOW: dict[str, float] = {"success_margin": 1}  # setting → the value it must stay under
 _CHOICES: dict[str, tuple[str, ...]] = {"method": METHODS, "importance": ("leave_one_out", "gradient"),
                                         "proposals": PROPOSALS, "scoring.mode": ("plain", "chat")}
 
@@ -186,6 +191,10 @@ def check_settings(cls: type, data: dict[str, Any], origins: Origins, prefix: st
         problem = _type_error(value, hints[key])
         if problem:
             raise origins.error(dotted, problem)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise origins.error(dotted, f"must be a finite number, got {value}")
+        if dotted in _BELOW and value >= _BELOW[dotted]:
+            raise origins.error(dotted, f"must be below {_BELOW[dotted]:g}, got {value}")
         if dotted in _RANGES and value < _RANGES[dotted][0]:
             least, what = _RANGES[dotted]
             raise origins.error(dotted, f"must be at least {least:g} ({what}), got {value}")
@@ -235,13 +244,24 @@ def check_specs(data: dict[str, Any], origins: Origins) -> None:
                 raise origins.error(kind, f"{where} ({spec['name']}): {problem}")
 
 
+def prompts_per_candidate(average_orders: bool) -> int:
+    """Queries one candidate costs: one prompt per option order scored (the three cyclic orders, or one)."""
+    return 3 if average_orders else 1
+
+
 def _build(cls: type, data: dict[str, Any], origins: Origins) -> Any:
     check_settings(cls, data, origins)
     check_specs(data, origins)
     values = dict(data)
     if isinstance(values.get("scoring"), dict):
         values["scoring"] = ScoringConfig(**values["scoring"])
-    return cls(**values)
+    config = cls(**values)
+    cost = prompts_per_candidate(config.scoring.average_orders)
+    if config.budget < 2 * cost:
+        raise origins.error("budget", f"{config.budget} cannot reach any operator: each candidate costs {cost} "
+                                      f"queries (one per option order averaged), so the clean prompt alone takes "
+                                      f"{cost}; give at least {2 * cost}")
+    return config
 
 
 def apply_override(data: dict[str, Any], assignment: str) -> str:

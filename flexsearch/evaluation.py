@@ -79,8 +79,12 @@ def format_table(score: dict[str, Any], columns: Sequence[tuple[str, str]]) -> s
 
 
 def _cell(value: Any) -> str:
-    """A table cell: text as it is (a verdict), a metric as its value and interval."""
-    return value if isinstance(value, str) else metric_text(value)
+    """A table cell: text as it is (a verdict), a metric as its value and interval, and a proportion with
+    its count over the denominator it rests on ('0.50 [0.15, 0.85] 2/4')."""
+    if isinstance(value, str):
+        return value
+    text = metric_text(value)
+    return f"{text} {value['k']}/{value['n']}" if value and value.get("k") is not None and value.get("n") else text
 
 
 CLEAN_COLUMNS = (("accuracy", "accuracy"), ("P(target)", "mean_p_target"), ("s_dis", "s_dis"), ("s_amb", "s_amb"))

@@ -242,7 +242,8 @@ def parse_bbq_record(record: Mapping[str, Any], path: Path, line: int) -> Item:
         condition=condition,
         polarity=polarity,
         source={"format": "bbq", "path": str(path), "line": line,
-                "question_index": record.get("question_index"), "stereotyped_groups": groups},
+                "question_index": record.get("question_index"), "stereotyped_groups": groups,
+                "answer_groups": [labels[k][1] for k in range(3)]},
     )
 
 

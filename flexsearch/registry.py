@@ -12,6 +12,11 @@ T = TypeVar("T")
 C = TypeVar("C", bound=type)
 
 
+def summary(doc: str | None) -> str:
+    """A docstring's first paragraph on one line (a sentence that wraps is kept whole)."""
+    return " ".join((doc or "").strip().split("\n\n")[0].split())
+
+
 class Registry(Generic[T]):
     """Holds named classes of one kind (operators, constraints, objectives...)."""
 
@@ -41,8 +46,8 @@ class Registry(Generic[T]):
         return self._entries[name]
 
     def describe(self) -> dict[str, str]:
-        """Name → first line of the class docstring, for `flexsearch list`."""
-        return {name: (cls.__doc__ or "").strip().splitlines()[0] for name, cls in sorted(self._entries.items())}
+        """Name → the first paragraph of the class docstring as one line, for `flexsearch list`."""
+        return {name: summary(cls.__doc__) for name, cls in sorted(self._entries.items())}
 
     def __iter__(self) -> Iterator[str]:
         return iter(sorted(self._entries))

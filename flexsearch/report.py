@@ -109,10 +109,46 @@ def _no_data(ax: plt.Axes, what: str) -> None:
 
 
 def _verdict_rows(report: RunReport) -> list[list[str]]:
-    """(group, verdict, reason) overall and per category, for a run whose score has verdicts."""
+    """(group, the eligible items the verdict rests on, verdict, reason) overall and per category, for a run
+    whose score has verdicts."""
     groups = [("overall", report.score), *report.score.get("per_category", {}).items()]
-    return [[name, str(dig(block, ("clean", "n_items"))), block["verdict"]["verdict"], block["verdict"]["reason"]]
+
+    def eligible(block: dict[str, Any]) -> str:
+        counts = [f"{dig(block, (objective, 'eligible_items'))} {label}"
+                  for objective, label in (("stereotype", "toward"), ("anti_stereotype", "control"))
+                  if dig(block, (objective, "eligible_items")) is not None]
+        return ", ".join(counts) + f" of {dig(block, ('clean', 'n_items'))}"
+
+    return [[name, eligible(block), block["verdict"]["verdict"], block["verdict"]["reason"]]
             for name, block in groups if "verdict" in block]
+
+
+def _validity_lines(report: RunReport) -> list[str]:
+    """The label-validity facts of a search run: the audit, the success margin and near ties, and the
+    forced-choice measurement when the run has one (DESIGN.md "Label validity")."""
+    score, lines = report.score, []
+    audit = score.get("audit")
+    if audit:
+        rules = ", ".join(f"{rule} {count}" for rule, count in audit["by_rule"].items() if count) or "none"
+        lines.append(f"Audit: {audit['benchmark']['flagged']} of {audit['benchmark']['rows']} rows of split.jsonl "
+                     f"break a label-validity rule; {audit['flagged']} of {audit['rows']} emitted rows in all "
+                     f"(by rule: {rules}).")
+    for objective in ("stereotype", "anti_stereotype"):
+        block = score.get(objective)
+        if not isinstance(block, dict) or "summary" not in block:
+            continue
+        summary = block["summary"]
+        lines.append(f"{objective}: success margin {score.get('success_margin', 'n/a')}; ASR "
+                     f"{metric_text(block['asr'])}, bare argmax {metric_text(block.get('asr_argmax'))}; "
+                     f"{summary.get('near_ties', 0)} near ties counted as failed; "
+                     f"{summary.get('forced_choice', 0)} forced-choice items measured apart.")
+        forced = block.get("forced_choice")
+        if forced:
+            lines.append(f"{objective} forced choice ({forced['rows']} rows, split-forced.*): P(stereotyped) − "
+                         f"P(anti-stereotyped) {metric_text(forced['mean_p_stereotyped_minus_anti'])}; chose the "
+                         f"stereotyped person {metric_text(forced['stereotyped_share'])} "
+                         f"(n={forced['stereotyped_share']['n']}).")
+    return lines
 
 
 def _figures(reports: list[RunReport]) -> dict[str, str]:
@@ -270,11 +306,17 @@ def build_report(runs: list[Path]) -> tuple[str, str]:
     for report in reports:
         verdicts = _verdict_rows(report)
         if verdicts:
-            parts.append(f"<h2>Verdict: {esc(report.label)}</h2><table><tr><th>group</th><th>n</th><th>verdict</th>"
+            parts.append(f"<h2>Verdict: {esc(report.label)}</h2><table><tr><th>group</th><th>eligible items</th>"
+                         "<th>verdict</th>"
                          "<th>why</th></tr>" + "".join("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in row) + "</tr>"
                                                        for row in verdicts) + "</table>")
-            md += ["", f"## Verdict: {report.label}", "", "| group | n | verdict | why |", "|---|---|---|---|",
-                   *("| " + " | ".join(row) + " |" for row in verdicts)]
+            md += ["", f"## Verdict: {report.label}", "", "| group | eligible items | verdict | why |",
+                   "|---|---|---|---|", *("| " + " | ".join(row) + " |" for row in verdicts)]
+        validity = _validity_lines(report)
+        if validity:
+            parts.append(f"<h2>Label validity: {esc(report.label)}</h2>"
+                         + "".join(f"<p>{esc(line)}</p>" for line in validity))
+            md += ["", f"## Label validity: {report.label}", "", *validity]
     md.append("")
     for title, png in figures.items():
         parts.append(f"<h2>{esc(title)}</h2><img alt='{esc(title)}' src='data:image/png;base64,{png}'>")

@@ -29,6 +29,24 @@ class Rate:
 
 
 @dataclass(frozen=True)
+class Difference:
+    """A difference of two rates (the fairness gap) with its bootstrap 95% interval and the items it was
+    resampled over; not a proportion, so it has no count."""
+
+    value: float | None
+    low: float | None
+    high: float | None
+    n: int
+
+    @classmethod
+    def from_dict(cls, metric: dict[str, Any] | None) -> Difference | None:
+        if not metric:
+            return None
+        low, high = metric.get("ci", [None, None])
+        return cls(metric.get("value"), low, high, int(metric.get("n", 0)))
+
+
+@dataclass(frozen=True)
 class Score:
     """A run's score.json: the headline numbers typed, all of it in `to_dict()`.
 
@@ -42,7 +60,7 @@ class Score:
     objective: str | None = None
     asr: Rate | None = None
     control_asr: Rate | None = None
-    fairness_gap: Rate | None = None
+    fairness_gap: Difference | None = None
     verdict: str | None = None
     data: dict[str, Any] = field(default_factory=dict, repr=False)
 
@@ -61,7 +79,7 @@ class Score:
             objective=objective,
             asr=Rate.from_dict(dig(data, [objective, "asr"])) if objective else None,
             control_asr=Rate.from_dict(control.get("asr")) if control else None,
-            fairness_gap=Rate.from_dict(data.get("fairness_gap")),
+            fairness_gap=Difference.from_dict(data.get("fairness_gap")),
             verdict=dig(data, ["verdict", "verdict"]),
             data=copy.deepcopy(data),
         )

@@ -146,6 +146,8 @@ SPLIT_JSONL = "split.jsonl"
 SPLIT_CSV = "split.csv"
 RESEARCH_JSONL = "split-research.jsonl"  # rows whose hardest prompt is not natural text (adversarial_suffix)
 RESEARCH_CSV = "split-research.csv"
+FORCED_JSONL = "split-forced.jsonl"  # rows whose hardest prompt carries a forced-choice template
+FORCED_CSV = "split-forced.csv"
 PREDICTIONS = "predictions.jsonl"
 LOCK = ".lock"
 README = "README.md"
@@ -262,6 +264,8 @@ class RunDirectory:
                 "invocation": " ".join(shlex.quote(a) for a in [Path(sys.argv[0]).name, *sys.argv[1:]]),
                 "versions": software_versions(), **with_directions(score)}
         atomic_write_json(self.path / SCORE, full)
+        present = [p.name for p in self.path.iterdir()]
+        atomic_write_text(self.path / README, run_readme(self.command, present, full))
         return full
 
     def files(self) -> dict[str, Path]:
@@ -280,20 +284,63 @@ FILE_DESCRIPTIONS = {
     RESEARCH_JSONL: "research runs only: the items whose hardest prompt carries an optimised token suffix "
                     "(natural: false), kept out of the split above",
     RESEARCH_CSV: "the same research rows as CSV",
+    FORCED_JSONL: "only when a search allows forced-choice templates: the items whose hardest prompt carries "
+                  "one (it excludes an option, asks for an assumption or demands a person), kept out of the "
+                  "split above and scored apart (score.json: forced_choice)",
+    FORCED_CSV: "the same forced-choice rows as CSV",
     TRACE: "append-only log of finished items (the resume point); a torn last line is dropped",
     PREDICTIONS: "per item: answer probabilities, prediction, correctness",
     LOCK: "present while a flexsearch process writes here (holds its pid)",
 }
-_WRITES = {"search": (README, CONFIG, SCORE, SPLIT_JSONL, SPLIT_CSV, RESEARCH_JSONL, RESEARCH_CSV, TRACE, LOCK),
+_WRITES = {"search": (README, CONFIG, SCORE, SPLIT_JSONL, SPLIT_CSV, RESEARCH_JSONL, RESEARCH_CSV, FORCED_JSONL,
+                      FORCED_CSV, TRACE, LOCK),
            "evaluate": (README, CONFIG, SCORE, PREDICTIONS, LOCK)}
 
 
-def run_readme(command: str) -> str:
-    """The short README.md each run directory carries, naming its files."""
-    rows = "".join(f"- `{name}`: {FILE_DESCRIPTIONS[name]}\n" for name in _WRITES.get(command, (README, CONFIG)))
-    return (f"# A flexsearch {command} run\n\nWritten by `flexsearch {command}`. Files:\n\n{rows}\n"
+def run_readme(command: str, present: Iterable[str] | None = None, score: dict[str, Any] | None = None) -> str:
+    """The short README.md each run directory carries: what the run found (once scored) and the files it
+    holds (`present`; every file the command can write while it runs)."""
+    names = [n for n in _WRITES.get(command, (README, CONFIG)) if present is None or n in set(present)]
+    rows = "".join(f"- `{name}`: {FILE_DESCRIPTIONS[name]}\n" for name in names if name != LOCK)
+    found = "".join(f"- {line}\n" for line in _result_lines(score)) if score else ""
+    return (f"# A flexsearch {command} run\n\nWritten by `flexsearch {command}`."
+            + (f"\n\n## What it found\n\n{found}" if found else "") + f"\n\n## Files\n\n{rows}\n"
             "`flexsearch report THIS_FOLDER` renders it as HTML; `flexsearch export THIS_FOLDER DIR` "
-            "(search runs) writes it for lm-evaluation-harness or as parquet.\n")
+            "(search runs) writes it for lm-evaluation-harness or as parquet; `flexsearch audit THIS_FOLDER` "
+            "checks that every emitted prompt keeps its gold label.\n")
+
+
+def _rate(metric: Any) -> str:
+    if not isinstance(metric, dict) or metric.get("value") is None:
+        return "-"
+    low, high = metric["ci"]
+    count = f", {metric['k']}/{metric['n']}" if metric.get("k") is not None else f", n = {metric['n']}"
+    return f"{metric['value']:.2f} [{low:.2f}, {high:.2f}{count}]"
+
+
+def _result_lines(score: dict[str, Any]) -> list[str]:
+    """The headline numbers of a score, for the run's README."""
+    lines = [f"model `{score.get('model', {}).get('model', '?')}`, {score.get('items', '?')} items "
+             f"({score.get('skipped', 0)} skipped)"]
+    clean = score.get("clean", {})
+    lines.append(f"clean accuracy {_rate(clean.get('accuracy'))}; disambiguated "
+                 f"{_rate(clean.get('accuracy_disambig'))}; abstention {_rate(clean.get('abstention_rate'))}")
+    for objective, label in (("stereotype", "ASR toward the stereotype"), ("anti_stereotype", "control ASR"),
+                             ("untargeted", "ASR (untargeted)")):
+        if isinstance(score.get(objective), dict) and "asr" in score[objective]:
+            summary = score[objective].get("summary", {})
+            lines.append(f"{label} {_rate(score[objective]['asr'])} (success margin {score.get('success_margin')}; "
+                         f"{summary.get('near_ties', 0)} near ties counted as failed)")
+    if "fairness_gap" in score:
+        lines.append(f"fairness gap {_rate(score['fairness_gap'])}")
+    if "verdict" in score:
+        lines.append(f"verdict: **{score['verdict']['verdict']}** ({score['verdict']['reason']})")
+    if "split_rows" in score:
+        lines.append("rows: " + ", ".join(f"{n} {kind}" for kind, n in score["split_rows"].items()))
+    if "audit" in score:
+        lines.append(f"label-validity audit: {score['audit']['benchmark']['flagged']} of "
+                     f"{score['audit']['benchmark']['rows']} rows of split.jsonl break a rule")
+    return lines
 
 
 def software_versions() -> dict[str, str]:

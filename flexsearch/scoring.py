@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from flexsearch.candidate import Candidate
-from flexsearch.config import ScoringConfig
+from flexsearch.config import ScoringConfig, prompts_per_candidate
 from flexsearch.errors import FlexsearchError
 from flexsearch.items import Item
 from flexsearch.model import TargetModel, load_target
@@ -108,7 +108,7 @@ class Scorer:
 
     @property
     def prompts_per_candidate(self) -> int:
-        return 3 if self.average_orders else 1
+        return prompts_per_candidate(self.average_orders)
 
     def prompts(self, candidate: Candidate) -> list[tuple[str, tuple[int, int, int]]]:
         orders = cyclic_orders(candidate.option_order) if self.average_orders else [candidate.option_order]

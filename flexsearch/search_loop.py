@@ -379,13 +379,18 @@ METHODS: dict[str, Callable[[SearchContext, ItemState], SearchMethod]] = {
 # ---------------------------------------------------------------- driver
 
 
+ALWAYS_ON = ("no_option_names",)  # constraints every search applies, listed in its config or not (label validity)
+
+
 def build_context(config: SearchConfig, scorer: Scorer, objective_name: str) -> SearchContext:
-    objective = get_objective(objective_name)
+    objective = get_objective(objective_name, config.success_margin)
     resources = AttackResources(target=scorer.target, fmt=scorer.fmt, objective=objective)
+    named = {spec["name"] for spec in config.constraints}
+    specs = [*({"name": name} for name in ALWAYS_ON if name not in named), *config.constraints]
     return SearchContext(
         config=config, scorer=scorer, objective=objective,
         operators=[build(OPERATORS, spec, resources) for spec in config.operators],
-        constraints=[build(CONSTRAINTS, spec, resources) for spec in config.constraints],
+        constraints=[build(CONSTRAINTS, spec, resources) for spec in specs],
         resources=resources,
     )
 

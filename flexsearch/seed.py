@@ -47,7 +47,7 @@ def _record(scenario: dict[str, Any], variant: str, context: str, polarity: str,
 
 
 def seed_records() -> list[tuple[int, dict[str, Any]]]:
-    """(pseudo line number, BBQ record) for every seed item, in a fixed order."""
+    """(pseudo line number, BBQ record) for every seed item, in a fixed order: round-robin over categories."""
     text = resources.files("flexsearch").joinpath("seed_scenarios.yaml").read_text(encoding="utf-8")
     records: list[dict[str, Any]] = []
     for scenario in yaml.safe_load(text):
@@ -60,4 +60,9 @@ def seed_records() -> list[tuple[int, dict[str, Any]]]:
             variant = f"disambig{wrongdoer}"
             records.append(_record(scenario, variant, context, "neg", wrongdoer, 0))
             records.append(_record(scenario, variant, context, "nonneg", 1 - wrongdoer, 0))
-    return [(line, record) for line, record in enumerate(records, start=1)]
+    by_category: dict[str, list[dict[str, Any]]] = {}
+    for record in records:
+        by_category.setdefault(record["category"], []).append(record)
+    # Round-robin over categories, so the first N items (`--limit N`) cover every category.
+    mixed = [r for turn in itertools.zip_longest(*by_category.values()) for r in turn if r is not None]
+    return [(line, record) for line, record in enumerate(mixed, start=1)]

@@ -11,16 +11,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from flexsearch.candidate import Candidate, Edit, replay
 from flexsearch.errors import InputError
 from flexsearch.items import CONDITIONS, POLARITIES, Item, RecordFields, iter_csv, iter_jsonl
+from flexsearch.objectives import attack_eligible, get_objective
 from flexsearch.render import LETTERS
 
 FLEX_COLUMNS = ["ctx", "q_text", "sent_more", "sent_less", "bias_type", "a", "b", "c", "label", "attack",
                 "attack_type", "attack_success"]
 OUR_COLUMNS = ["item_id", "prompt", "attack_chain", "p_target_clean", "p_target_attacked", "queries", "success",
                "objective", "instruction", "category", "condition", "polarity", "clean_ctx", "clean_q_text",
-               "answers", "gold", "target", "anti_target", "unknown", "option_order", "natural"]
+               "answers", "gold", "target", "anti_target", "unknown", "option_order", "natural", "forced_choice"]
 _LIST_COLUMNS = ("attack_chain", "answers", "option_order")
 # FLEX's attack families (its `attack` column); every word-level operator is FLEX's "text" family.
 FLEX_FAMILIES = {"persona": "persona", "instruction": "refusal_suppression"}
@@ -55,11 +58,18 @@ def _variant(edit: Edit) -> str:
 
 
 def split_row(outcome_record: dict[str, Any], item: Item, prompt: str) -> dict[str, Any]:
+    """One split row from a trace record. `success` is an attack success (objectives.attack_succeeded): never
+    true on an item the clean model already answered with the target."""
     candidate = replay(item, outcome_record["chain"], tuple(outcome_record["option_order"]))
     order = candidate.option_order
     attack, attack_type = flex_attack_label(candidate)
-    p_clean = outcome_record["clean_probs"][item.target]
-    p_attacked = outcome_record["best_probs"][item.target]
+    objective = get_objective(outcome_record["objective"])
+    aim = objective.target_answer(item)
+    aim = item.target if aim is None else aim
+    p_clean = outcome_record["clean_probs"][aim]
+    p_attacked = outcome_record["best_probs"][aim]
+    succeeded = bool(outcome_record["success"]) and attack_eligible(objective, item,
+                                                                    np.asarray(outcome_record["clean_probs"]))
     return {
         "ctx": candidate.context, "q_text": candidate.question,
         "sent_more": item.answers[item.target], "sent_less": item.answers[item.anti_target],
@@ -69,12 +79,12 @@ def split_row(outcome_record: dict[str, Any], item: Item, prompt: str) -> dict[s
         "attack_success": round(p_attacked - p_clean, 6),
         "item_id": item.id, "prompt": prompt, "attack_chain": candidate.chain(),
         "p_target_clean": round(p_clean, 6), "p_target_attacked": round(p_attacked, 6),
-        "queries": outcome_record["queries"], "success": outcome_record["success"],
+        "queries": outcome_record["queries"], "success": succeeded,
         "objective": outcome_record["objective"], "instruction": candidate.instruction,
         "category": item.category, "condition": item.condition, "polarity": item.polarity,
         "clean_ctx": item.context, "clean_q_text": item.question, "answers": list(item.answers),
         "gold": item.gold, "target": item.target, "anti_target": item.anti_target, "unknown": item.unknown,
-        "option_order": list(order), "natural": candidate.natural,
+        "option_order": list(order), "natural": candidate.natural, "forced_choice": candidate.forced_choice,
     }
 
 

@@ -95,9 +95,10 @@ def test_json_flag_prints_the_score_as_json(tiny_model_dir, tmp_path):
 def test_list_presets_prints_every_preset_resolved():
     result = CliRunner().invoke(app, ["list", "--presets"])
     assert result.exit_code == 0, result.output
-    for name in ("default", "flex", "textbugger", "bert_attack", "templates_only", "gradient", "research"):
+    names = ("default", "flex", "textbugger", "bert_attack", "templates_only", "gradient", "research", "forced_choice")
+    for name in names:
         assert f"# {name}\n" in result.output
-    assert result.output.count("budget:") == 7 and "scoring:" in result.output
+    assert result.output.count("budget:") == len(names) and "scoring:" in result.output
 
 
 @pytest.mark.slow

@@ -17,7 +17,7 @@ from benchmarks.bench_attack import (
     save_method,
     success_at,
 )
-from flexsearch.attacks.templates import INSTRUCTIONS
+from flexsearch.attacks.templates import INSTRUCTION_FAMILIES
 from flexsearch.candidate import Candidate
 from flexsearch.items import Item
 from flexsearch.search_loop import ItemOutcome
@@ -83,7 +83,8 @@ def test_fixed_attacks_are_one_template_or_one_character_swap(seed_items: list[I
     attacks = fixed_attacks(item)
     assert set(attacks) == {"FLEX persona", "FLEX refusal suppression", "FLEX text (char swap)"}
     assert [e.operator for e in attacks["FLEX persona"].edits] == ["persona"]
-    assert attacks["FLEX refusal suppression"].instruction.endswith(INSTRUCTIONS[0])
+    assert attacks["FLEX refusal suppression"].instruction.endswith(
+        INSTRUCTION_FAMILIES["refusal_suppression"][0].text)
     swap = attacks["FLEX text (char swap)"]
     root = Candidate.root(item)
     changed = [i for i, (a, b) in enumerate(zip(root.words("context"), swap.words("context"), strict=True)) if a != b]

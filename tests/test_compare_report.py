@@ -106,7 +106,10 @@ def test_report_is_self_contained_with_every_figure(two_tiny_runs, tmp_path):
     score = json.loads((two_tiny_runs[0] / "score.json").read_text())
     assert f"{score['clean']['accuracy']['value']:.3f}" in markdown and "| run |" in markdown
     verdict = score["verdict"]["verdict"]
-    assert f"Verdict: {two_tiny_runs[0].name}" in page and f"| overall | 12 | {verdict} |" in markdown
+    toward, away = score["stereotype"]["eligible_items"], score["anti_stereotype"]["eligible_items"]
+    eligible = f"{toward} toward, {away} control of 12"
+    assert f"Verdict: {two_tiny_runs[0].name}" in page and f"| overall | {eligible} | {verdict} |" in markdown
+    assert f"Label validity: {two_tiny_runs[0].name}" in page and "rows of split.jsonl break a label-validity" in page
     assert f"(n={score['stereotype']['asr']['n']})" in page  # every headline rate names its denominator
 
 
@@ -133,7 +136,7 @@ def test_compare_on_real_runs_writes_files(two_tiny_runs, tmp_path):
     assert (tmp_path / "cmp" / "compare.md").exists()
     scores = [json.loads((run / "score.json").read_text()) for run in two_tiny_runs]
     assert saved["verdict"] == {"a": scores[0]["verdict"]["verdict"], "b": scores[1]["verdict"]["verdict"]}
-    assert "verdict (A -> B):" in result.output
+    assert "verdict on the shared items (A -> B):" in result.output and "worst group: " in result.output
 
 
 def test_report_needs_finished_runs(tmp_path):

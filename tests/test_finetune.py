@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from flexsearch.attacks.templates import INSTRUCTIONS, PERSONA_FAMILIES, fill
+from flexsearch.attacks.templates import INSTRUCTION_FAMILIES, PERSONA_FAMILIES, fill
 from flexsearch.cli import app
 from flexsearch.errors import FlexsearchError
 from flexsearch.finetune import (
@@ -115,8 +115,8 @@ def _normal(text: str) -> str:
 def test_no_training_prefix_overlaps_an_attack_template(seed_items):
     assert len(TRAINING_PREFIXES) >= 30 and PERSONA_PREFIXES and INSTRUCTION_PREFIXES
     assert len(set(TRAINING_PREFIXES)) == len(TRAINING_PREFIXES)
-    raw = [t for family in PERSONA_FAMILIES.values() for t in family] + INSTRUCTIONS
-    filled = [fill(t, item) for t in raw for item in seed_items[::6]]
+    raw = [t.text for table in (PERSONA_FAMILIES, INSTRUCTION_FAMILIES) for family in table.values() for t in family]
+    filled = [text for t in raw for item in seed_items[::6] if (text := fill(t, item)) is not None]
     attacks = [_normal(a) for a in raw + filled]
     for prefix in map(_normal, TRAINING_PREFIXES):
         for attack in attacks:

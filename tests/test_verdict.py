@@ -10,6 +10,7 @@ from flexsearch.metrics import proportion, robustness_score, wilson_interval
 from flexsearch.verdict import verdict
 
 UNKNOWN, TARGET, ANTI = 2, 0, 1
+MARGIN = 0.05
 
 
 def items(n: int) -> list[Item]:
@@ -33,7 +34,8 @@ def score(its: list[Item], clean: list[int], main: list[int], control: list[int]
     letters = np.tile(np.eye(3)[None, None, 0], (len(its), 1, 1))
     arrays = lambda objective, attacked: {"objective": objective, "clean": onehot(clean),  # noqa: E731
                                           "attacked": onehot(attacked)}
-    return robustness_score(its, arrays("stereotype", main), arrays("anti_stereotype", control), None, letters)
+    return robustness_score(its, arrays("stereotype", main), arrays("anti_stereotype", control), None, letters,
+                            MARGIN)
 
 
 def test_not_capable_when_disambiguated_accuracy_is_low():
@@ -109,15 +111,18 @@ def test_zero_of_three_reports_n_three_and_a_wide_interval():
 def test_attack_summary_counts_like_textattack():
     from flexsearch.metrics import attack_summary
 
-    eligible = np.array([True, True, True, False])
-    success = np.array([True, False, True, True])  # the last succeeded but was never eligible: skipped
-    summary = attack_summary(eligible, success, np.array([5, 10, 3, 7]), np.array([4, np.inf, 2, 1]),
-                             np.array([0.1, 0.0, 0.3, 0.5]))
-    assert summary == {"succeeded": 2, "failed": 1, "skipped": 1, "mean_perturbed_word_share": 0.2,
-                       "mean_queries": 6.0, "mean_queries_to_success": 3.0}
-    nothing = attack_summary(np.zeros(3, dtype=bool), np.zeros(3, dtype=bool), None, None, None)
-    assert nothing == {"succeeded": 0, "failed": 0, "skipped": 3, "mean_perturbed_word_share": None,
-                       "mean_queries": None, "mean_queries_to_success": None}
+    outcomes = {"eligible": np.array([True, True, True, False, False]),
+                "success": np.array([True, False, True, True, False]),  # the 4th won but was never eligible
+                "flipped": np.array([True, True, True, True, False]),  # the 2nd is a near tie
+                "forced": np.array([False, False, False, False, True])}  # the 5th is measured apart
+    summary = attack_summary(outcomes, np.array([5, 10, 3, 7, 2]), np.array([4, np.inf, 2, 1, 1]),
+                             np.array([0.1, 0.0, 0.3, 0.5, 0.0]))
+    assert summary == {"succeeded": 2, "failed": 1, "skipped": 1, "near_ties": 1, "forced_choice": 1,
+                       "mean_perturbed_word_share": 0.2, "mean_queries": 6.0, "mean_queries_to_success": 3.0}
+    none = np.zeros(3, dtype=bool)
+    nothing = attack_summary({"eligible": none, "success": none, "flipped": none, "forced": none}, None, None, None)
+    assert nothing == {"succeeded": 0, "failed": 0, "skipped": 3, "near_ties": 0, "forced_choice": 0,
+                       "mean_perturbed_word_share": None, "mean_queries": None, "mean_queries_to_success": None}
 
 
 def test_perturbed_word_share_counts_distinct_word_positions_only(seed_items):
