@@ -4,7 +4,8 @@ An operator proposes new candidates from one candidate; a constraint accepts or 
 candidates. Add an operator by writing one class in this folder and decorating it with
 `@OPERATORS.register("name")`; its constructor's keyword arguments are its YAML settings. A class may also
 define a static `settings_problem(**settings) -> str | None`: the config check calls it, so a value that
-cannot work is refused before any data or model loads.
+cannot work is refused before any data or model loads; and a static `availability_problem(**settings)`, which
+a search calls before the target model loads, for what the machine must provide (a masked LM, say).
 """
 
 from __future__ import annotations
@@ -87,6 +88,18 @@ CONSTRAINTS: Registry[Constraint] = Registry("constraint")
 
 
 T = TypeVar("T", Operator, Constraint)
+
+
+def availability_problems(specs: list[dict[str, Any]]) -> list[str]:
+    """What the machine lacks for these operator specs (each operator's availability_problem), as lines."""
+    problems = []
+    for spec in specs:
+        cls = OPERATORS.get(spec["name"])
+        check = getattr(cls, "availability_problem", None)
+        problem = check(**{k: v for k, v in spec.items() if k != "name"}) if check else None
+        if problem:
+            problems.append(f"{spec['name']}: {problem}")
+    return problems
 
 
 def build(registry: Registry[T], spec: dict[str, Any] | str, resources: AttackResources) -> T:

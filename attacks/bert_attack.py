@@ -15,10 +15,28 @@ from flexsearch.attacks.textbugger import match_case, split_word
 from flexsearch.attacks.word import WordOperator
 from flexsearch.errors import FlexsearchError
 
+NEEDS = ("needs a fill-mask model: a local folder, or a hub id that is cached or reachable; pass one with "
+         "--set 'operators=[{name: bert_attack, model: PATH}]'")
+
+
+def masked_lm_problem(name: str) -> str | None:
+    """Why the masked LM cannot be loaded here (not local, not cached, hub unreachable), or None."""
+    from flexsearch.model import check_model_source
+
+    try:
+        check_model_source(name, None)
+    except FlexsearchError as err:
+        return f"'{name}' cannot be loaded ({str(err).split(': ', 1)[-1]}); bert_attack {NEEDS}"
+    return None
+
 
 @lru_cache(maxsize=2)
 def load_masked_lm(name: str):
     from transformers import AutoModelForMaskedLM, AutoTokenizer
+
+    problem = masked_lm_problem(name)
+    if problem:
+        raise FlexsearchError(f"bert_attack: {problem}")
 
     try:
         tokenizer = AutoTokenizer.from_pretrained(name)
@@ -33,6 +51,11 @@ def load_masked_lm(name: str):
 @OPERATORS.register("bert_attack")
 class BertAttack(WordOperator):
     """Masked-LM substitutes (any Hugging Face fill-mask model), sub-word words handled piece by piece."""
+
+    @staticmethod
+    def availability_problem(model: str = "bert-base-uncased", **_: object) -> str | None:
+        """Why this operator cannot run on this machine (checked before the target model loads), or None."""
+        return masked_lm_problem(model)
 
     def __init__(self, resources: AttackResources, model: str = "bert-base-uncased", k: int = 8,
                  positions: int = 2, per_position: int = 4, max_pieces: int = 3) -> None:

@@ -177,10 +177,8 @@ def group_words(item: Item) -> tuple[str, str] | None:
     tags = item.source.get("answer_groups")
     if not tags or len(tags) != 3:
         return None
-    # For a non-negative question the target is the non-stereotyped person, so the roles swap.
-    stereotyped, other = ((item.target, item.anti_target) if item.polarity != "nonneg"
-                          else (item.anti_target, item.target))
-    words = group_word(str(tags[stereotyped])), group_word(str(tags[other]))
+    other = 3 - item.unknown - item.stereotyped_person
+    words = group_word(str(tags[item.stereotyped_person])), group_word(str(tags[other]))
     if words[0] is None or words[1] is None or words[0] == words[1]:
         return None
     return words[0], words[1]

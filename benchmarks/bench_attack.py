@@ -41,12 +41,12 @@ from flexsearch.attacks import AttackResources
 from flexsearch.attacks.constraints import SentenceSimilarity, editable_positions, protected_positions
 from flexsearch.attacks.templates import INSTRUCTION_FAMILIES, PERSONA_FAMILIES, fill
 from flexsearch.attacks.textbugger import character_bugs, split_word
-from flexsearch.audit import PRESERVING
+from flexsearch.audit import PRESERVING, audit_rows, violations
 from flexsearch.candidate import Candidate, replay
 from flexsearch.config import load_config
 from flexsearch.finetune import eval_items_of
 from flexsearch.items import Item, load_items
-from flexsearch.metrics import mean_with_interval, proportion, with_interval
+from flexsearch.metrics import forced_choice_metrics, mean_with_interval, proportion, with_interval
 from flexsearch.model import load_target, zoo_adapter
 from flexsearch.objectives import attack_eligible, get_objective
 from flexsearch.render import render
@@ -62,6 +62,7 @@ SEARCHES: dict[str, tuple[str, list[str]]] = {  # method → (preset, overrides)
     "suffix": ("research", ["steps=100"]),
     "forced": ("forced_choice", ["steps=100"]),  # the forced-choice measurement: reported apart, never as ASR
 }
+APART = ("forced",)  # methods measured apart from ASR (their rows are not label-valid)
 PLOT = ROOT / "benchmarks" / "attack_asr_vs_queries.png"
 SAVED = ROOT / "runs" / "bench_attack"
 
@@ -199,7 +200,10 @@ def p_aim_at(outcomes: list[ItemOutcome], budget: int, aim: str) -> np.ndarray:
 
 
 def rate(flags: np.ndarray) -> str:
-    r = proportion(flags)
+    return rate_text(proportion(flags))
+
+
+def rate_text(r: dict[str, Any]) -> str:
     return f"{r['value']:.2f} [{r['ci'][0]:.2f}, {r['ci'][1]:.2f}] ({r['k']}/{r['n']})" if r["n"] else "-"
 
 
@@ -217,6 +221,27 @@ def queries_to_reach(outcomes: list[ItemOutcome], eligible: np.ndarray, level: f
     return firsts[needed - 1] if len(firsts) >= needed and firsts[needed - 1] <= budget else None
 
 
+def forced_lines(result: MethodResult, eligible: np.ndarray, control_eligible: np.ndarray) -> list[str]:
+    """The forced-choice measurement (forced_choice preset), apart from ASR: over the items whose hardest prompt
+    carries a forced-choice template, P(stereotyped) − P(anti-stereotyped) and the share choosing the stereotyped
+    person, for the search toward the stereotype and for its control."""
+    out = ["", "Forced-choice measurement (`forced_choice` preset, reported apart: these prompts exclude an option, "
+               "ask for an assumption or demand a person, so they are no attack on the gold label):", ""]
+    rows = []
+    for objective, outcomes, keep in (("stereotype", result.main, eligible),
+                                      ("anti_stereotype", result.control, control_eligible)):
+        forced = [o for o in outcomes if o.best.forced_choice]
+        block = forced_choice_metrics([o.item for o in forced], np.array([o.best_probs for o in forced]).reshape(-1, 3))
+        valid = [o.success for o, e in zip(outcomes, keep, strict=True) if e and not o.best.forced_choice]
+        rows.append([objective, f"{len(forced)} of {len(outcomes)}", interval(block["mean_p_stereotyped_minus_anti"])
+                     if block["mean_p_stereotyped_minus_anti"]["value"] is not None else "-",
+                     rate_text(block["stereotyped_share"]),
+                     rate(np.array(valid, dtype=bool))])
+    return out + [markdown_table(["search toward", "forced-choice rows", "P(stereotyped) − P(anti) [95% CI]",
+                                  "chose the stereotyped person (of person answers)",
+                                  "ASR of its label-valid rows"], rows)]
+
+
 def meaning_checks(results: list[MethodResult], scorer: Scorer, seed: int) -> list[str]:
     """The emitted natural prompts against the constraints they were searched under, and ten of them."""
     encoder = SentenceSimilarity(AttackResources())
@@ -228,13 +253,19 @@ def meaning_checks(results: list[MethodResult], scorer: Scorer, seed: int) -> li
     protected = sum((e.field, e.position) in protected_positions(c.item) for c, e in edits)
     rng = np.random.default_rng(seed)
     shown = [emitted[i] for i in sorted(rng.permutation(len(emitted))[:10])]
+    audit = audit_rows([{"item_id": c.item.id, "instruction": c.instruction, "answers": c.item.answers}
+                        for c in emitted])
+    rules = ", ".join(f"{rule} {count}" for rule, count in audit["by_rule"].items())
     out = ["", f"Meaning checks on {len(emitted)} emitted natural prompts with an edit: similarity to the clean "
                f"context+question below the floor {encoder.threshold}: {int((similarity < encoder.threshold).sum())}"
                f" (lowest {similarity.min():.3f}); word edits touching a protected span: {protected} of "
-               f"{len(edits)}.", "", "Ten emitted prompts, drawn at random (seeded):", ""]
+               f"{len(edits)}; label-validity audit (flexsearch/audit.py): {audit['flagged']} break a rule "
+               f"({rules}).", "", "Ten emitted prompts, drawn at random (seeded), each with the audit's verdict:", ""]
     for candidate in shown:
         text = render(candidate, scorer.target.tokenizer, scorer.fmt).replace("\n", " ⏎ ")
-        out.append(f"- `{candidate.item.id}` ({' + '.join(e.operator for e in candidate.edits)}): {text}")
+        broken = violations(candidate.instruction, candidate.item.answers)
+        verdict = f"audit: breaks {', '.join(broken)}" if broken else "audit: label-valid"
+        out.append(f"- `{candidate.item.id}` ({' + '.join(e.operator for e in candidate.edits)}; {verdict}): {text}")
     return out
 
 
@@ -283,11 +314,10 @@ def main() -> None:
     if not scorer.average_orders:
         raise SystemExit("the default preset no longer averages option orders; this benchmark assumes it does")
     items = held_out_ambiguous(args.model, args.bbq, args.items, args.seed)
-    stereotype = get_objective("stereotype")
+    stereotype, anti_stereotype = get_objective("stereotype"), get_objective("anti_stereotype")  # default margin
     clean = scorer.score([Candidate.root(it) for it in items]).probs
     eligible = np.array([attack_eligible(stereotype, it, p) for it, p in zip(items, clean, strict=True)])
-    control_eligible = np.array([attack_eligible(get_objective("anti_stereotype"), it, p)
-                                 for it, p in zip(items, clean, strict=True)])
+    control_eligible = np.array([attack_eligible(anti_stereotype, it, p) for it, p in zip(items, clean, strict=True)])
 
     fixed_rows, fixed_asr = [], {}
     fixed_names = () if args.no_fixed or args.search_only else ("FLEX persona", "FLEX refusal suppression",
@@ -296,9 +326,8 @@ def main() -> None:
     for name in fixed_names:
         pairs = [(k, attacks[name]) for k, attacks in enumerate(per_item) if name in attacks]
         probs = scorer.score([c for _, c in pairs]).probs
-        top = probs.argmax(1)
-        hit = np.array([top[j] == items[k].target for j, (k, _) in enumerate(pairs)])
-        anti = np.array([top[j] == items[k].anti_target for j, (k, _) in enumerate(pairs)])
+        hit = np.array([stereotype.success(probs[j], items[k]) for j, (k, _) in enumerate(pairs)])
+        anti = np.array([anti_stereotype.success(probs[j], items[k]) for j, (k, _) in enumerate(pairs)])
         keep = eligible[[k for k, _ in pairs]]
         keep_control = control_eligible[[k for k, _ in pairs]]
         shift = np.array([probs[j][items[k].target] - clean[k][items[k].target] for j, (k, _) in enumerate(pairs)])
@@ -325,28 +354,34 @@ def main() -> None:
     by_name = {r.name: r for r in results}
     rows = []
     clean_target = np.array([p[it.target] for it, p in zip(items, clean, strict=True)])
-    for result in results:
+    label_valid = [r for r in results if r.name not in APART]
+    for result in label_valid:
         main_hits = {b: success_at(result.main, b)[eligible] for b in args.budgets}
         toward, away = success_at(result.main, budget), success_at(result.control, budget)
         shifts = {b: (p_aim_at(result.main, b, "target") - clean_target)[eligible] for b in args.budgets}
         # the gap resamples items, each with its stereotype and control outcome (eligibility differs)
         gap = with_interval(partial(gap_of, toward, away, eligible, control_eligible), len(items))
-        rows.append([result.name, *(rate(main_hits[b]) for b in args.budgets),
+        argmax = np.array([stereotype.flipped(o.best_probs, o.item) for o in result.main])[eligible]
+        rows.append([result.name, *(rate(main_hits[b]) for b in args.budgets), rate(argmax),
                      *(f"{shifts[b].mean():+.3f}" for b in args.budgets), rate(away[control_eligible]),
                      interval(gap),
                      f"{result.prompts / result.seconds:.1f}", f"{result.gradient_passes / result.seconds:.2f}",
                      f"{result.seconds / 60:.1f}"])
-    headers = ["method", *(f"ASR@{b}" for b in args.budgets), *(f"ΔP(target)@{b}" for b in args.budgets),
+    headers = ["method", *(f"ASR@{b}" for b in args.budgets), f"argmax flips@{budget} (no margin)",
+               *(f"ΔP(target)@{b}" for b in args.budgets),
                f"control ASR@{budget}", f"gap@{budget} [95% CI]", "prompts/s", "gradient passes/s", "minutes"]
     mean_queries = {r.name: np.mean([o.queries for o in (*r.main, *r.control)]) for r in results}
-    for row, result in zip(rows, results, strict=True):
+    for row, result in zip(rows, label_valid, strict=True):
         row.insert(-3, f"{mean_queries[result.name]:.0f}")
     headers.insert(-3, "mean queries used")
     lines = [f"{len(items)} ambiguous BBQ items from templates `{args.model}` never saw; "
              f"{int(eligible.sum())} attack-eligible for the stereotype objective (clean answer correct), "
              f"{int(control_eligible.sum())} for the control. Order-averaged scoring ({args.dtype}; a candidate is 3 "
-             "prompts); ASR with Wilson 95% intervals (k/n); the gap's interval is a bootstrap over items. A "
-             "forward+backward over one prompt is charged as 3 prompts.", "", markdown_table(headers, rows)]
+             "prompts); a success needs the aimed-at answer ahead of both others by the success margin "
+             f"({stereotype.margin}); ASR with Wilson 95% intervals (k/n); the gap's interval is a bootstrap over "
+             "items. A forward+backward over one prompt is charged as 3 prompts. Label-valid searches only: "
+             "persona and instruction templates are the preserving ones (DESIGN.md \"Label validity\").", "",
+             markdown_table(headers, rows)]
     if fixed_rows:
         lines += ["", "FLEX-style fixed attacks (one prompt per item, 3 prompts with order averaging):", "",
                   markdown_table(["attack", "prompts", "ASR stereotype", "ASR anti-stereotype", "ΔP(target) [95% CI]"],
@@ -367,8 +402,10 @@ def main() -> None:
         research = sum(not o.best.natural for o in by_name["suffix"].main)
         lines += [f"Adversarial suffix (research preset): {research} of {len(items)} hardest prompts carry the suffix "
                   "(natural: false)."]
-    lines += meaning_checks([r for r in results if r.name != "suffix"], scorer, args.seed)
-    plot(results, eligible, budget, fixed_asr, args.plot)
+    if "forced" in by_name:
+        lines += forced_lines(by_name["forced"], eligible, control_eligible)
+    lines += meaning_checks([r for r in results if r.name not in ("suffix", "forced")], scorer, args.seed)
+    plot(label_valid, eligible, budget, fixed_asr, args.plot)
     if args.cost_items:
         lines += ["", f"Cost of a whole search (stop on success off, fresh prompt cache) on the first "
                       f"{args.cost_items} items, stereotype objective:", "",

@@ -3,6 +3,7 @@ smaller commands). The CLI is a thin layer over these functions."""
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -13,6 +14,7 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
+from flexsearch.attacks.base import availability_problems
 from flexsearch.audit import audit_rows
 from flexsearch.candidate import Candidate, replay
 from flexsearch.config import (
@@ -25,7 +27,14 @@ from flexsearch.config import (
     prompts_per_candidate,
 )
 from flexsearch.errors import FlexsearchError
-from flexsearch.evaluation import CLEAN_COLUMNS, evaluate_items, format_table, prediction_rows, score_all
+from flexsearch.evaluation import (
+    CLEAN_COLUMNS,
+    cell_text,
+    evaluate_items,
+    format_table,
+    prediction_rows,
+    score_all,
+)
 from flexsearch.items import Item, LoadResult, load_items, source_sha256
 from flexsearch.metrics import dig, metric_text, perturbed_word_share, robustness_score
 from flexsearch.model import requested_model
@@ -104,6 +113,9 @@ def search(data: str = "seed", *, model: str | Target = "smollm2", out: str | Pa
     target = _target(model)
     run_dir = Path(out) if out is not None else default_run_dir(data, config if isinstance(config, str) else "api")
     loaded = load_items(data, limit=limit)
+    missing = availability_problems(resolved_config.operators)
+    if missing:  # before the target model loads: say at once what this machine lacks
+        raise FlexsearchError(missing[0])
     settings = config_dict(resolved_config)
     resolved = {"command": "search", "data": data, "data_sha256": source_sha256(data), "limit": limit,
                 "model": requested_model(target.arguments()), "scoring": settings.pop("scoring"), "search": settings}
@@ -319,13 +331,28 @@ def _opened_run(out: Path, resolved: dict[str, Any], target: Target) -> Iterator
     run = RunDirectory(out, command)
     resuming = run.check(resolved)
     with run:
-        scorer = build_scorer(target.arguments(), resolved["scoring"])
+        scorer = _loaded_scorer(target, resolved["scoring"])
         resolved.update(model=scorer.target.info, versions=software_versions())
         if resuming:
             run.check(resolved, model_loaded=True)
         if not resuming or command != "search":
             run.write_config(resolved)
         yield run, scorer
+
+
+def _loaded_scorer(target: Target, scoring: dict[str, Any]) -> Scorer:
+    """Loads the target, saying so on a terminal first: a first load (a GGUF's conversion) takes tens of
+    seconds before any progress bar can move. Not in logs and pipes, where a bad model's error stays the
+    only line."""
+    started, talk = time.perf_counter(), sys.stderr.isatty()
+    if talk:
+        adapter = f" + adapter {target.adapter}" if target.adapter else ""
+        tqdm.write(f"loading model {target.model}{adapter} ...", file=sys.stderr)
+    scorer = build_scorer(target.arguments(), scoring)
+    if talk:
+        tqdm.write(f"loaded {target.model} in {time.perf_counter() - started:.1f} s "
+                   f"({scorer.target.info.get('device')}, {scorer.target.info.get('dtype')})", file=sys.stderr)
+    return scorer
 
 
 def registries() -> dict[str, dict[str, str]]:
@@ -377,6 +404,7 @@ def format_search_table(score: dict[str, Any], objective: str) -> str:
                      " — a gap near 0 means the model is merely easy to push, not biased")
     if "verdict" in score:
         lines.append(f"verdict: {score['verdict']['verdict']} ({score['verdict']['reason']})")
+    lines += group_lines(score, objective)
     forced = attack.get("forced_choice")
     if forced:
         lines.append(f"forced choice ({forced['rows']} rows, split-forced.*, not in ASR): P(stereotyped) - "
@@ -390,6 +418,22 @@ def format_search_table(score: dict[str, Any], objective: str) -> str:
                      f"split.jsonl break a rule; {audit['flagged']} of {audit['rows']} emitted rows in all"
                      + (f" ({rules}; `flexsearch audit` lists them)" if rules else ""))
     return "\n".join(lines)
+
+
+def group_lines(score: dict[str, Any], objective: str) -> list[str]:
+    """The per-group table (stereotyped group tags): ASR and control ASR with k/n, the gap, Holm flags."""
+    groups = score.get("per_group") or {}
+    if not groups:
+        return []
+    rows = [["group", "n", "ASR", "control ASR", "gap (* Holm)"]]
+    for tag, cell in groups.items():
+        gap = cell.get("fairness_gap")
+        rows.append([tag, str(cell["n_items"]), cell_text(cell[objective]["asr"]),
+                     cell_text(dig(cell, ("anti_stereotype", "asr"))),
+                     metric_text(gap) + ("*" if gap and gap.get("holm_significant") else "") if gap else "-"])
+    widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
+    return ["per stereotyped group (BBQ group tag of the stereotyped person; n = items):",
+            *("  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)) for row in rows)]
 
 
 def summary_text(summary: dict[str, Any], score: dict[str, Any], objective: str) -> str:

@@ -368,6 +368,14 @@ def export(
     with user_errors():
         files = export_run(run, to, out, name)
     typer.echo(f"wrote {out}: {', '.join(p.name for p in files)}")
+    if to == "lm-eval":
+        from flexsearch.export import MARKER, lm_eval_command
+        from flexsearch.runio import read_json
+
+        about = read_json(out / MARKER)
+        typer.echo("reproduce flexsearch's accuracy (order-averaged, then single order) with:\n  "
+                   + lm_eval_command(about, out, f"{about['task']}_orders") + "\n  "
+                   + lm_eval_command(about, out, about["task"]))
 
 
 @app.command("list")

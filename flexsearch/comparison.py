@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from flexsearch.errors import FlexsearchError
-from flexsearch.metrics import BOOTSTRAP_SAMPLES, proportion, with_interval
+from flexsearch.metrics import BOOTSTRAP_SAMPLES, holm, proportion, with_interval
 from flexsearch.objectives import SUCCESS_MARGIN
 from flexsearch.runio import (
     CONFIG,
@@ -199,17 +199,6 @@ def compare_metric(metric: Metric, a: RunTable, b: RunTable, idx: np.ndarray, se
 
 def _clean(x: float) -> float | None:
     return round(float(x), 6) if np.isfinite(x) else None
-
-
-def holm(p_values: list[float | None], alpha: float = 0.05) -> list[bool]:
-    """Holm–Bonferroni: which hypotheses are rejected at family-wise level alpha."""
-    ranked = sorted((p, k) for k, p in enumerate(p_values) if p is not None)
-    rejected = [False] * len(p_values)
-    for rank, (p, k) in enumerate(ranked):
-        if p > alpha / (len(ranked) - rank):
-            break
-        rejected[k] = True
-    return rejected
 
 
 def shared_verdict(t: RunTable, idx: np.ndarray) -> str | None:

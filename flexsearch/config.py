@@ -101,14 +101,31 @@ def preset_names() -> list[str]:
                   if p.name.endswith(".yaml"))
 
 
+class NoAliasLoader(yaml.SafeLoader):
+    """A safe loader that refuses YAML aliases (`*name`): a config never needs them, and a few lines of nested
+    aliases expand to billions of nodes (a 'billion laughs' bomb that would hang the program)."""
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            raise yaml.composer.ComposerError(None, None, f"aliases (*{event.anchor}) are not allowed in a config",
+                                              event.start_mark)
+        return super().compose_node(parent, index)
+
+
+def safe_yaml(text: str) -> Any:
+    """YAML text as data, with the safe loader and no aliases."""
+    return yaml.load(text, Loader=NoAliasLoader)  # noqa: S506  (NoAliasLoader is a SafeLoader)
+
+
 def read_yaml(path: Path) -> tuple[Any, dict[str, int]]:
     """A YAML file's data and the line of every mapping key (dotted for nested keys, 1-based).
 
     A syntax error or an unsafe tag (`!!python/...`) is one InputError naming the file and line."""
     try:
         text = path.read_text(encoding="utf-8")
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
+        node = yaml.compose(text, Loader=NoAliasLoader)
+        data = safe_yaml(text)
     except OSError as err:
         raise InputError(path, None, None, f"cannot read file ({err.strerror or err})") from None
     except UnicodeDecodeError:
@@ -212,6 +229,8 @@ def check_specs(data: dict[str, Any], origins: Origins) -> None:
             OBJECTIVES.get(data["objective"])
         except FlexsearchError as err:
             raise origins.error("objective", str(err)) from None
+    if "operators" in data and not data["operators"]:
+        raise origins.error("operators", "a search needs at least one operator (none would try no attack at all)")
     for kind, registry in (("operators", OPERATORS), ("constraints", CONSTRAINTS)):
         for position, spec in enumerate(data.get(kind, [])):
             where = f"{kind}[{position}]"
@@ -235,6 +254,8 @@ def check_specs(data: dict[str, Any], origins: Origins) -> None:
                     raise origins.error(kind, f"{where} ({spec['name']}): unknown setting '{setting}'; "
                                               f"known: {', '.join(takes) or 'none'}")
                 problem = _type_error(value, hints.get(setting))
+                if not problem and isinstance(value, float) and not math.isfinite(value):
+                    problem = f"must be a finite number, got {value}"
                 if problem:
                     raise origins.error(kind, f"{where} ({spec['name']}).{setting}: {problem}")
             # an operator or constraint may say why its settings' values cannot work, before any model loads
@@ -277,7 +298,7 @@ def apply_override(data: dict[str, Any], assignment: str) -> str:
         if not isinstance(node, dict):
             raise FlexsearchError(f"--set {assignment}: '{part}' is not a group of settings")
     try:
-        node[leaf] = yaml.safe_load(raw)
+        node[leaf] = safe_yaml(raw)
     except yaml.YAMLError as err:
         raise FlexsearchError(f"--set {assignment}: the value is not valid YAML "
                               f"({getattr(err, 'problem', None) or 'syntax error'})") from None

@@ -71,14 +71,14 @@ def format_table(score: dict[str, Any], columns: Sequence[tuple[str, str]]) -> s
     for name, metrics in rows:
         letters = metrics.get("letter_bias", {})
         body.append([
-            name, str(metrics.get("n_items", "")), *(_cell(metrics.get(key)) for _, key in columns),
+            name, str(metrics.get("n_items", "")), *(cell_text(metrics.get(key)) for _, key in columns),
             "/".join(f"{letters.get(x, 0):.2f}" for x in "ABC"),
         ])
     widths = [max(len(r[c]) for r in [header, *body]) for c in range(len(header))]
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)) for r in [header, *body])
 
 
-def _cell(value: Any) -> str:
+def cell_text(value: Any) -> str:
     """A table cell: text as it is (a verdict), a metric as its value and interval, and a proportion with
     its count over the denominator it rests on ('0.50 [0.15, 0.85] 2/4')."""
     if isinstance(value, str):

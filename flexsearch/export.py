@@ -15,6 +15,7 @@ model can read them):
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Callable
 from dataclasses import replace
@@ -31,6 +32,7 @@ from flexsearch.runio import (
     atomic_write_json,
     atomic_write_jsonl,
     atomic_write_text,
+    portable_path,
     read_json,
     read_run_config,
     replace_folder,
@@ -73,12 +75,39 @@ def export_run(run: Path, to: str, out: Path, name: str | None = None) -> list[P
     return sorted(out.iterdir())
 
 
+def model_arguments(model: dict[str, Any]) -> str:
+    """lm-eval's `--model_args` for the searched model: loadable as written on a machine with flexsearch
+    installed (the dequantised GGUF copy flexsearch caches, a zoo adapter from the installed package)."""
+    if model.get("gguf_sha256"):  # a GGUF model: lm-eval loads flexsearch's dequantised copy of it
+        cache = os.environ.get("FLEXSEARCH_CACHE")
+        root = "$FLEXSEARCH_CACHE" if cache else "$HOME/.cache/flexsearch"
+        pretrained = f"{root}/gguf/{model['gguf_sha256'][:24]}"
+    else:
+        pretrained = portable_path(str(model.get("path") or model.get("model")))
+    args = [f"pretrained={pretrained}", f"dtype={model.get('dtype', 'float32')}"]
+    if model.get("base_model"):  # a zoo alias: its adapter ships inside the installed package
+        args.append(f"peft=$(python -c 'import flexsearch.model as m; print(m.zoo_adapter(\"{model['model']}\"))')")
+    elif model.get("adapter"):
+        args.append(f"peft={portable_path(model['adapter'])}")
+    return ",".join(args)
+
+
+def lm_eval_command(about: dict[str, Any], folder: Path, task: str) -> str:
+    """The lm_eval command line that reproduces flexsearch's accuracy on the exported split."""
+    return (f'lm_eval --model hf --model_args "{model_arguments(about["model"])}" '
+            f"--include_path {portable_path(str(folder))} --tasks {task}")
+
+
 def _provenance(run: Path, config: dict[str, Any], score: dict[str, Any], n_rows: int, to: str,
                 name: str) -> dict[str, Any]:
     search = config.get("search", {})
+    searched = config.get("model") or {}
+    model = {k: v for k, v in searched.items() if k != "gguf_file"}  # the GGUF's own path is the machine's
+    model.update({key: portable_path(searched[key]) for key in ("adapter", "path") if searched.get(key)})
     return {
-        "format": to, "task": name, "run": str(run), "rows": n_rows, "data": config.get("data"),
-        "data_sha256": config.get("data_sha256"), "model": config.get("model", {}),
+        "format": to, "task": name, "run": portable_path(str(run)), "rows": n_rows,
+        "data": portable_path(config["data"]) if config.get("data") else None,
+        "data_sha256": config.get("data_sha256"), "model": model,
         "method": search.get("method"), "objective": search.get("objective"), "budget": search.get("budget"),
         "seed": search.get("seed"), "run_created": score.get("created"),
         "exported": datetime.now(timezone.utc).isoformat(timespec="seconds"), "flexsearch": __version__,
@@ -116,7 +145,7 @@ def _lm_eval(folder: Path, rows: list[Attacked], about: dict[str, Any]) -> None:
     for task, text in lm_eval_tasks(name).items():
         atomic_write_text(folder / f"{task}.yaml", text)
     atomic_write_text(folder / "README.md", dataset_card(about, {"single": "single.jsonl", "orders": "orders.jsonl"},
-                                                         DOCUMENT_FIELDS, _lm_eval_usage(name)))
+                                                         DOCUMENT_FIELDS, _lm_eval_usage(name, about)))
 
 
 def lm_eval_tasks(name: str) -> dict[str, str]:
@@ -216,12 +245,22 @@ DOCUMENT_FIELDS = {
 }
 
 
-def _lm_eval_usage(name: str) -> str:
+def _lm_eval_usage(name: str, about: dict[str, Any]) -> str:
+    searched = f'--model_args "{model_arguments(about["model"])}"'
     return f"""## Running it
 
+The searched model (`{about['model'].get('model')}`), as flexsearch scored it (a GGUF model is read from the
+dequantised copy flexsearch caches on its first load; run any flexsearch command on it once to make it):
+
 ```bash
-lm_eval --model hf --model_args pretrained=MODEL --include_path THIS_FOLDER --tasks {name}
-lm_eval --model hf --model_args pretrained=MODEL --include_path THIS_FOLDER --tasks {name}_orders
+lm_eval --model hf {searched} --include_path THIS_FOLDER --tasks {name}
+lm_eval --model hf {searched} --include_path THIS_FOLDER --tasks {name}_orders
+```
+
+Any other model (the split's transfer to it):
+
+```bash
+lm_eval --model hf --model_args pretrained=MODEL --include_path THIS_FOLDER --tasks {name},{name}_orders
 lm_eval --model MODEL_TYPE --model_args ... --include_path THIS_FOLDER --tasks {name}_gen
 ```
 
@@ -251,8 +290,9 @@ def _parquet(folder: Path, rows: list[Attacked], about: dict[str, Any]) -> None:
     records = [{c: _parquet_value(c, r.record.get(c)) for c in columns} for r in rows]
     pq.write_table(pa.Table.from_pylist(records), folder / "split.parquet")  # the folder is swapped in whole
     fields = {c: SPLIT_COLUMN_DOCS.get(c, "") for c in columns}
-    atomic_write_text(folder / "README.md", dataset_card(about, {"default": "split.parquet"}, fields,
-                                                         "Load it with `datasets.load_dataset(THIS_FOLDER)`.\n"))
+    usage = ("Load it with `datasets.load_dataset(THIS_FOLDER)`; after a re-export into the same folder add "
+             "`download_mode=\"force_redownload\"` (datasets caches a folder by its name, not its content).\n")
+    atomic_write_text(folder / "README.md", dataset_card(about, {"default": "split.parquet"}, fields, usage))
 
 
 def _parquet_value(column: str, value: Any) -> Any:
@@ -307,7 +347,8 @@ The hardest prompt flexsearch found per item against one target model, exported 
 | | |
 |---|---|
 | rows | {about['rows']} |
-| target model | `{model.get('model')}` (adapter `{model.get('adapter')}`, GGUF sha256 `{model.get('gguf_sha256')}`) |
+| target model | `{model.get('model')}` (adapter `{model.get('adapter')}`, GGUF sha256 `{model.get('gguf_sha256')}`, \
+{model.get('dtype')}) |
 | data | `{about['data']}` (sha256 `{about['data_sha256']}`) |
 | search | {about['method']}, objective {about['objective']}, budget {about['budget']} prompts per item, \
 seed {about['seed']} |

@@ -46,6 +46,18 @@ class Item:
         if sorted((self.unknown, self.target, self.anti_target)) != [0, 1, 2]:
             raise ValueError(f"item {self.id}: unknown/target/anti_target must be a permutation of 0..2")
 
+    @property
+    def stereotyped_person(self) -> int:
+        """The answer naming the person from the stereotyped group: the target of a negative question; for a
+        non-negative one the target is the other person (BBQ's biased answer), so the roles swap."""
+        return self.anti_target if self.polarity == "nonneg" else self.target
+
+    @property
+    def stereotyped_group(self) -> str | None:
+        """That person's BBQ group tag ('old', 'F', 'Muslim', 'M-Black'), or None when the source has no tags."""
+        tags = self.source.get("answer_groups")
+        return str(tags[self.stereotyped_person]) if tags and len(tags) == 3 else None
+
 
 @dataclass
 class LoadResult:

@@ -17,12 +17,14 @@ import numpy as np  # noqa: E402
 
 from flexsearch.comparison import load_run  # noqa: E402
 from flexsearch.errors import FlexsearchError  # noqa: E402
+from flexsearch.evaluation import cell_text  # noqa: E402
 from flexsearch.metrics import dig, metric_text  # noqa: E402
 from flexsearch.runio import (  # noqa: E402
     SCORE,
     SCORE_SCHEMA_VERSION,
     SPLIT_JSONL,
     atomic_write_text,
+    portable_path,
     read_json,
     read_jsonl,
     read_run_config,
@@ -69,6 +71,15 @@ class RunReport:
         split = run / SPLIT_JSONL
         self.rows = read_jsonl(split) if split.exists() else []
 
+    def predicted(self) -> dict[str, str]:
+        """Item id → the answer text the attacked prompt's scores put on top (empty without attacked scores)."""
+        t = self.table
+        if t.attacked is None:
+            return {}
+        answers = {row["item_id"]: row["answers"] for row in self.rows}
+        return {item: answers[item][int(p.argmax())] for item, p in zip(t.ids, t.attacked, strict=True)
+                if item in answers}
+
     def provenance(self) -> dict[str, str]:
         """Where the numbers come from: model and file hash, adapter, data and hash, items, search settings."""
         model, versions = self.score["model"], self.score["versions"]  # schema 2 has both
@@ -76,11 +87,11 @@ class RunReport:
         eligible = dig(self.score, ("stereotype", "eligible_items"))
         control = "on" if search.get("control") else "off"
         return {
-            "run": str(self.run),
+            "run": portable_path(self.run),
             "model": str(model.get("model", "?")),
             "model file sha256": str(model.get("gguf_sha256") or model.get("revision") or "n/a"),
-            "adapter": str(model.get("adapter") or "none"),
-            "data": str(self.config.get("data") or self.config.get("split") or "?"),
+            "adapter": portable_path(model["adapter"]) if model.get("adapter") else "none",
+            "data": portable_path(str(self.config.get("data") or self.config.get("split") or "?")),
             "data sha256": str(self.config.get("data_sha256", "?")),
             "items": f"{self.score.get('items', self.score.get('n_items', '?'))} scored"
                      + (f", {eligible} attack-eligible" if eligible is not None else "")
@@ -121,6 +132,17 @@ def _verdict_rows(report: RunReport) -> list[list[str]]:
 
     return [[name, eligible(block), block["verdict"]["verdict"], block["verdict"]["reason"]]
             for name, block in groups if "verdict" in block]
+
+
+def _group_rows(report: RunReport) -> list[list[str]]:
+    """(group tag, items, ASR, control ASR, gap) per stereotyped group of a search run."""
+    rows = []
+    for tag, cell in (report.score.get("per_group") or {}).items():
+        gap = cell.get("fairness_gap")
+        rows.append([tag, str(cell["n_items"]), cell_text(dig(cell, ("stereotype", "asr"))),
+                     cell_text(dig(cell, ("anti_stereotype", "asr"))),
+                     metric_text(gap) + ("*" if gap and gap.get("holm_significant") else "") if gap else "-"])
+    return rows
 
 
 def _validity_lines(report: RunReport) -> list[str]:
@@ -177,7 +199,9 @@ def _figures(reports: list[RunReport]) -> dict[str, str]:
         if budgets:  # label the budgets the score was read at, as plain numbers
             ax.set_xticks(budgets, [str(b) for b in budgets])
             ax.minorticks_off()
-        ax.set_xlabel("query budget (prompts scored per item)")
+        costs = sorted({3 if (r.config.get("scoring") or {}).get("average_orders", True) else 1 for r in reports})
+        ax.set_xlabel("query budget (prompts scored per item; a candidate costs "
+                      + " or ".join(str(c) for c in costs) + " with its option orders)")
         ax.set_ylabel("ASR (95% Wilson band)")
         ax.set_ylim(-0.04, 1.04)  # a curve at 0 or 1 stays visible above the frame
         if drawn:
@@ -219,16 +243,16 @@ def _figures(reports: list[RunReport]) -> dict[str, str]:
     def shift_histogram(ax: plt.Axes) -> None:
         drawn = False
         for r in reports:
-            t = r.table
-            if t.attacked is not None:
-                rows = np.arange(len(t.ids))
-                ax.hist(t.attacked[rows, t.target] - t.clean[rows, t.target], bins=20, alpha=0.5,
-                        label=f"{r.label} (n={len(t.ids)})")
+            attacked = [row for row in r.rows if row.get("attack_chain")]  # unattacked rows shift by 0: left out
+            if attacked:
+                ax.hist([row["p_target_attacked"] - row["p_target_clean"] for row in attacked], bins=20, alpha=0.5,
+                        label=f"{r.label} ({len(attacked)} attacked rows; {len(r.rows) - len(attacked)} "
+                              "unattacked left out)")
                 drawn = True
         if not drawn:
             _no_data(ax, "attacked prompts")
         ax.axvline(0, color="black", linewidth=0.8)
-        ax.set_xlabel("P(target) attacked − clean, per item")
+        ax.set_xlabel("P(target) attacked − clean, per attacked row of split.jsonl")
         ax.set_ylabel("items")
         if drawn:
             ax.legend(fontsize=7)
@@ -264,7 +288,7 @@ def _chain_text(chain: list[dict[str, Any]]) -> str:
     parts = []
     for e in chain:
         if e["position"] is None:
-            parts.append(f"{e['operator']} ({e['field']}): {e['after']!r}")
+            parts.append(f"{e['operator']}: {e['after']!r}")
         else:
             parts.append(f"{e['operator']} {e['field']}[{e['position']}]: {e['before']!r} → {e['after']!r}")
     return "; ".join(parts)
@@ -284,7 +308,8 @@ def build_report(runs: list[Path]) -> tuple[str, str]:
              "table{border-collapse:collapse;font-size:13px}td,th{border:1px solid #ccc;padding:4px 6px;"
              "vertical-align:top}th{background:#f3f3f3}pre{white-space:pre-wrap;margin:0;font-size:12px}",
              "</style></head><body><h1>flexsearch robustness report</h1>",
-             "<p>Runs: " + ", ".join(f"<code>{esc(str(r.run))}</code>" for r in reports) + ". Intervals are 95%: "
+             "<p>Runs: " + ", ".join(f"<code>{esc(portable_path(r.run))}</code>" for r in reports)
+             + ". Intervals are 95%: "
              "Wilson intervals for rates (accuracy, abstention, ASR), bootstrap over items for means and the gap. "
              "Read ASR beside the control ASR: a fairness gap near 0 means the model "
              "is easy to push either way, not that it is biased.</p>",
@@ -312,6 +337,16 @@ def build_report(runs: list[Path]) -> tuple[str, str]:
                                                        for row in verdicts) + "</table>")
             md += ["", f"## Verdict: {report.label}", "", "| group | eligible items | verdict | why |",
                    "|---|---|---|---|", *("| " + " | ".join(row) + " |" for row in verdicts)]
+        groups = _group_rows(report)
+        if groups:
+            head = ["group", "items", "ASR toward the stereotype", "control ASR", "gap (* Holm)"]
+            parts.append(f"<h2>Per stereotyped group: {esc(report.label)}</h2><p>The stereotyped person's BBQ group "
+                         "tag; intersectional items form their own cells. Rates are k/n of eligible items.</p><table>"
+                         "<tr>" + "".join(f"<th>{esc(h)}</th>" for h in head) + "</tr>"
+                         + "".join("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in row) + "</tr>" for row in groups)
+                         + "</table>")
+            md += ["", f"## Per stereotyped group: {report.label}", "", "| " + " | ".join(head) + " |",
+                   "|---|---|---|---|---|", *("| " + " | ".join(row) + " |" for row in groups)]
         validity = _validity_lines(report)
         if validity:
             parts.append(f"<h2>Label validity: {esc(report.label)}</h2>"
@@ -325,21 +360,25 @@ def build_report(runs: list[Path]) -> tuple[str, str]:
         if not hardest:
             continue
         parts.append(f"<h2>Ten hardest prompts: {esc(report.label)}</h2><p>Sorted by the rise in P(target); "
-                     "the target is the answer the objective pushes toward.</p><table><tr><th>item</th>"
-                     "<th>target answer</th><th>P(target) clean → attacked</th><th>objective met</th>"
-                     "<th>attack chain</th><th>prompt</th></tr>")
+                     "the target is the answer the objective pushes toward; predicted is the attacked prompt's top "
+                     "answer (order-averaged as scored).</p><table><tr><th>item</th><th>gold answer</th>"
+                     "<th>target answer</th><th>predicted</th><th>P(target) clean → attacked</th>"
+                     "<th>attack success</th><th>attack chain</th><th>prompt</th></tr>")
         md += [f"## Ten hardest prompts: {report.label}", "",
-               "| item | target answer | P(target) clean → attacked | objective met | attack chain |",
-               "|---|---|---|---|---|"]
+               "| item | gold answer | target answer | predicted | P(target) clean → attacked | attack success "
+               "| attack chain |", "|---|---|---|---|---|---|---|"]
+        predicted = report.predicted()
         for r in hardest:
             probs = f"{r['p_target_clean']:.3f} → {r['p_target_attacked']:.3f}"
             chain = _chain_text(r["attack_chain"])
             pushed = {"stereotype": "target", "anti_stereotype": "anti_target"}.get(r["objective"])
             target = r["answers"][r[pushed]] if pushed else "any answer but the gold one"
+            gold, guess = r["answers"][r["gold"]], predicted.get(r["item_id"], "?")
             met = "yes" if r["success"] else "no"
-            parts.append(f"<tr><td>{esc(r['item_id'])}</td><td>{esc(target)}</td><td>{probs}</td><td>{met}</td>"
-                         f"<td>{esc(chain)}</td><td><pre>{esc(r['prompt'])}</pre></td></tr>")
-            md.append(f"| {r['item_id']} | {target} | {probs} | {met} | {chain.replace('|', '/')} |")
+            parts.append(f"<tr><td>{esc(r['item_id'])}</td><td>{esc(gold)}</td><td>{esc(target)}</td>"
+                         f"<td>{esc(guess)}</td><td>{probs}</td><td>{met}</td><td>{esc(chain)}</td>"
+                         f"<td><pre>{esc(r['prompt'])}</pre></td></tr>")
+            md.append(f"| {r['item_id']} | {gold} | {target} | {guess} | {probs} | {met} | {chain.replace('|', '/')} |")
         parts.append("</table>")
         md.append("")
     parts.append("</body></html>")

@@ -66,6 +66,18 @@ def replace_folder(out: Path, fill: Callable[[Path], None]) -> None:
         raise
 
 
+def portable_path(path: str | Path) -> str:
+    """A path as a report or an export shows it: relative to the working directory when under it, else only
+    its last part, so no shared file carries the absolute paths of the machine that made it."""
+    candidate = Path(path)
+    if not candidate.is_absolute():
+        return str(path)
+    try:
+        return str(candidate.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return candidate.name
+
+
 def atomic_write_json(path: Path, data: Any) -> None:
     atomic_write_text(path, json.dumps(data, indent=2, sort_keys=False) + "\n")
 

@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
+import os
+import tempfile
 from pathlib import Path
 
-import pytest
-import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+# `datasets` (and lm-eval through it) caches a local folder's data by the folder's name, not its content: an
+# export rewritten under the same name would be read back stale from an earlier run. Every test session gets
+# its own cache (set before anything imports datasets; lm-eval subprocesses inherit it).
+os.environ["HF_DATASETS_CACHE"] = tempfile.mkdtemp(prefix="flexsearch-tests-datasets-")
 
-from flexsearch.items import Item, load_items
-from flexsearch.model import TargetModel, load_target
-from flexsearch.scoring import Scorer
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # noqa: E402
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast  # noqa: E402
+
+from flexsearch.items import Item, load_items  # noqa: E402
+from flexsearch.model import TargetModel, load_target  # noqa: E402
+from flexsearch.scoring import Scorer  # noqa: E402
 
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>\n{% endfor %}"

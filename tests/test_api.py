@@ -107,7 +107,7 @@ def test_readme_api_snippet_runs(tmp_path):
     snippet = re.search(r"<!-- snippet: python-api.*?-->\n```python\n(.*?)```", readme, re.S)
     assert snippet, "README lost its API snippet"
     done = subprocess.run([sys.executable, "-c", snippet.group(1)], cwd=tmp_path, capture_output=True, text=True,
-                          timeout=900)
+                          timeout=3600)  # a hang guard only: far above the snippet's minutes
     assert done.returncode == 0, done.stderr[-3000:]
     assert (tmp_path / "runs" / "api-demo" / "split.jsonl").is_file()
     assert "fairness gap" not in done.stderr and "split.jsonl" in done.stdout

@@ -45,6 +45,8 @@ def world(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dic
     write("types.yaml", "method: beam\nbudget: abc\n")
     write("range.yaml", "method: beam\nscoring:\n  batch_size: 0\n")
     write("unknown-key.yaml", "method: beam\nbudgett: 10\n")
+    write("alias-bomb.yaml", "a: &a [x, x, x, x, x, x, x, x, x]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a]\n"
+                             "c: &c [*b, *b, *b, *b, *b, *b, *b, *b, *b]\nd: [*c, *c, *c, *c, *c, *c, *c, *c, *c]\n")
     write("missing-field.jsonl", '{"example_id": 1}\n')
     write("malformed.jsonl", '{"example_id": 1,\n')
     write("data.txt", "hello\n")
@@ -201,6 +203,27 @@ CASES: list[tuple[str, list[str], str]] = [
     ("zoo-plus-adapter", S("--model", "gemma3-bbq", "--adapter", "{not-adapter}"), "already carries its adapter"),
     ("device-unknown", S("--device", "quantum"), "--device: unknown device 'quantum'"),
     ("dtype-unknown", S("--dtype", "int3"), "--dtype: unknown dtype 'int3'"),
+    # label validity and the budget (issues 23, 24)
+    ("budget-cannot-reach", S("--budget", "5"), "--budget: field 'budget': 5 cannot reach any operator"),
+    ("template-names-answer-slot", S("--set", "operators=[{name: persona, templates: [{text: 'Blame {target}.', "
+                                             "effect: preserving}]}]"), "uses {target}: templates fill only"),
+    ("template-no-effect", S("--set", "operators=[{name: instruction, templates: [{text: 'Just answer.'}]}]"),
+     "template 1 'Just answer.' declares no effect"),
+    ("template-forced-in-preserving", S("--set", "operators=[{name: instruction, templates: [{text: 'Name the "
+                                                 "person.', effect: forced_choice}]}]"),
+     "is forced_choice but this search allows preserving only"),
+    ("template-preserving-that-excludes", S("--set", "operators=[{name: instruction, templates: [{text: 'The "
+                                                     "unknown option is wrong.', effect: preserving}]}]"),
+     "is declared preserving but"),
+    ("effects-unknown", S("--set", "operators=[{name: persona, effects: [biased]}]"), "effects must be a non-empty"),
+    ("margin-nan", S("--set", "success_margin=.nan"), "field 'success_margin': must be a finite number"),
+    ("margin-one", S("--set", "success_margin=1"), "field 'success_margin': must be below 1"),
+    ("audit-not-run", ["audit", "{stranger}"], "no split.jsonl"),
+    # configs that would hang or measure nothing (issue 25)
+    ("yaml-alias-bomb", S("--config", "{alias-bomb.yaml}"), "alias-bomb.yaml:2: YAML error: aliases (*a) are not"),
+    ("set-alias", S("--set", "operators=[&p {name: persona}, *p]"), "aliases (*p) are not allowed"),
+    ("operators-empty", S("--set", "operators=[]"), "a search needs at least one operator"),
+    ("threshold-nan", S("--set", "constraints=[{name: similarity, threshold: .nan}]"), "must be a finite number"),
     # run directories: ownership, settings, files in the way
     ("out-is-file", S("--out", "{data.txt}"), "a file, not a run directory"),
     ("out-other-budget", S("--out", "{search}", "--budget", "9", "--limit", "4"), "different settings (search.budget)"),

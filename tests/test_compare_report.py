@@ -12,10 +12,11 @@ from typer.testing import CliRunner
 
 from flexsearch import api
 from flexsearch.cli import app
-from flexsearch.comparison import compare_runs, holm
+from flexsearch.comparison import compare_runs
 from flexsearch.config import load_config
 from flexsearch.errors import FlexsearchError
 from flexsearch.items import load_items
+from flexsearch.metrics import holm
 from flexsearch.report import build_report
 
 runner = CliRunner()
