@@ -27,7 +27,7 @@ $(BIN)/flexsearch: pyproject.toml
 setup: $(BIN)/flexsearch
 
 demo: setup
-	$(BIN)/flexsearch search --model gemma3-bbq --data seed --config default --limit 24 --budget 16 --out runs/demo
+	$(BIN)/flexsearch search --model gemma3-bbq --data seed --config default --limit 24 --budget 40 --out runs/demo
 
 # ruff on the tree; mypy on the package as it installs (attacks/ and objectives/ are flexsearch.attacks and
 # flexsearch.objectives, so they are linked into one package tree for the type checker).

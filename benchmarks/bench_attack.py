@@ -416,7 +416,7 @@ def main() -> None:
     shown = args.plot.resolve()
     lines += ["", f"Plot: `{shown.relative_to(ROOT) if shown.is_relative_to(ROOT) else shown}`. "
                   f"Wall time {minutes:.1f} min."]
-    record("Attack strength on the capable target: ASR vs queries", "\n".join(lines))
+    record("Attack strength on label-valid prompts: ASR vs queries", "\n".join(lines))
 
 
 if __name__ == "__main__":

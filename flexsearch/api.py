@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -26,7 +26,7 @@ from flexsearch.config import (
     load_config,
     prompts_per_candidate,
 )
-from flexsearch.errors import FlexsearchError
+from flexsearch.errors import FlexsearchError, Interrupted
 from flexsearch.evaluation import (
     CLEAN_COLUMNS,
     cell_text,
@@ -170,8 +170,9 @@ def _search_objectives(run: RunDirectory, items: list[Item], objectives: list[st
         if record.get("kind") == "item" and record["objective"] in done:
             done[record["objective"]][record["item_id"]] = record
     retries = 0
-    with tqdm(total=len(items) * len(objectives), desc=f"search ({' + control '.join(objectives)})",
-              unit="item") as bar:
+    total = len(items) * len(objectives)
+    with tqdm(total=total, desc=f"search ({' + control '.join(objectives)})", unit="item") as bar, \
+            _resumable(lambda: sum(len(d) for d in done.values()), total, trace):
         bar.update(sum(it.id in done[o] for o in objectives for it in items))
         for objective in objectives:
             todo = [it for it in items if it.id not in done[objective]]
@@ -190,6 +191,16 @@ def _search_objectives(run: RunDirectory, items: list[Item], objectives: list[st
                 run_search(todo, build_context(config, scorer, objective), objective, progress=bar,
                            on_batch_done=lambda batch: keep([o.to_record() for o in batch]))
     return done, retries
+
+
+@contextmanager
+def _resumable(finished: Callable[[], int], total: int, trace: Path) -> Iterator[None]:
+    """Turns Ctrl-C into Interrupted, saying how much was kept and how to go on."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        raise Interrupted(f"interrupted after {finished()} of {total} item searches; the finished ones are kept in "
+                          f"{trace}: rerun the same command to resume") from None
 
 
 SPLIT_FILES = ((SPLIT_JSONL, SPLIT_CSV), (FORCED_JSONL, FORCED_CSV), (RESEARCH_JSONL, RESEARCH_CSV))

@@ -12,7 +12,7 @@ import typer
 import typer.core
 from typer._click import exceptions as click_errors  # typer 0.29 vendors click
 
-from flexsearch.errors import FlexsearchError
+from flexsearch.errors import FlexsearchError, Interrupted
 
 
 class OneLineErrors(typer.core.TyperGroup):
@@ -94,6 +94,9 @@ def user_errors() -> Iterator[None]:
     except FlexsearchError as err:
         typer.secho(f"error: {err}", fg=typer.colors.RED, err=True)
         raise typer.Exit(2) from None
+    except Interrupted as err:
+        typer.secho(f"\n{err}", fg=typer.colors.YELLOW, err=True)
+        raise typer.Exit(130) from None
 
 
 def _run_dir(out: Path | None, default_name: str) -> Path:
@@ -152,7 +155,7 @@ def search(
                                                        f"preset: {DEFAULT_PRESET['objective']}).")] = None,
     control: Annotated[bool | None, _option("Search", "Also run the counter-stereotype control (default preset: "
                                                       f"{'on' if DEFAULT_PRESET['control'] else 'off'}).")] = None,
-    seed: Annotated[int | None, _option("Search", "Random seed.")] = None,
+    seed: Annotated[int | None, _option("Search", "Random seed (0 or more).", min=0)] = None,
     set_: Annotated[list[str] | None, typer.Option("--set", rich_help_panel="Search", help="Override a config key: "
                                                    "key=value; scoring.mode=chat, scoring.batch_size=8 and the "
                                                    "other scoring.* keys set the scoring.")] = None,
@@ -188,7 +191,7 @@ def mutate(
     n: Annotated[int, typer.Option(min=1, help="How many accepted mutations to print.")] = 10,
     data: Annotated[str, typer.Option(help="BBQ .jsonl, FLEX .csv, or 'seed'.")] = "seed",
     set_: Annotated[list[str] | None, typer.Option("--set", help="Operator setting key=value.")] = None,
-    seed: int = 0,
+    seed: Annotated[int, typer.Option(min=0, help="Random seed (0 or more).")] = 0,
 ) -> None:
     """Print accepted mutations of one item by one operator, with their edits (no target model; word operators
     load the small sentence encoder of the similarity constraint)."""
@@ -275,11 +278,11 @@ def finetune(
                                                      "than gold).")] = 0.5,
     eval_share: Annotated[float, typer.Option(help="Share of each category's templates held out for evaluation "
                                                    "(0: train on everything).")] = 0.2,
-    split_seed: Annotated[int, typer.Option(help="Seed of the template split.")] = 0,
+    split_seed: Annotated[int, typer.Option(min=0, help="Seed of the template split.")] = 0,
     init_adapter: Annotated[Path | None, typer.Option(help="Continue training from this flexsearch adapter.")] = None,
     autocast_bf16: Annotated[bool, typer.Option(help="bf16 matmuls under fp32 master weights (faster on CPUs "
                                                      "with AMX and on GPUs).")] = False,
-    seed: int = 0,
+    seed: Annotated[int, typer.Option(min=0, help="Random seed (0 or more).")] = 0,
     device: DeviceOpt = None,
 ) -> None:
     """Train a LoRA adapter under a label policy on a template-disjoint split (the calibration zoo)."""
@@ -328,7 +331,7 @@ def tune(
     holdout_items: Annotated[int, typer.Option(min=1, help="Attack-eligible items kept out of tuning for the held-out "
                                                     "check.")] = 8,
     holdout: Annotated[bool, typer.Option(help="Re-run the best and the default config on held-out items.")] = True,
-    seed: int = 0,
+    seed: Annotated[int, typer.Option(min=0, help="Random seed (0 or more).")] = 0,
     adapter: AdapterOpt = None,
     device: DeviceOpt = None,
     dtype: DtypeOpt = None,

@@ -17,3 +17,7 @@ class InputError(FlexsearchError):
         where = self.path if line is None else f"{self.path}:{line}"
         what = f"field '{field}': " if field else ""
         super().__init__(f"{where}: {what}{message}")
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C during a long command, with what was kept and how to go on (the CLI prints it, exit 130)."""

@@ -224,6 +224,10 @@ CASES: list[tuple[str, list[str], str]] = [
     ("set-alias", S("--set", "operators=[&p {name: persona}, *p]"), "aliases (*p) are not allowed"),
     ("operators-empty", S("--set", "operators=[]"), "a search needs at least one operator"),
     ("threshold-nan", S("--set", "constraints=[{name: similarity, threshold: .nan}]"), "must be a finite number"),
+    ("seed-negative", S("--seed", "-1"), "Invalid value for '--seed'"),
+    ("finetune-split-seed-negative", ["finetune", "--out", "{root}/a", "--split-seed", "-1"],
+     "Invalid value for '--split-seed'"),
+    ("mutate-seed-negative", ["mutate", "--seed", "-2"], "Invalid value for '--seed'"),
     # run directories: ownership, settings, files in the way
     ("out-is-file", S("--out", "{data.txt}"), "a file, not a run directory"),
     ("out-other-budget", S("--out", "{search}", "--budget", "9", "--limit", "4"), "different settings (search.budget)"),

@@ -187,3 +187,23 @@ def test_first_success_is_dated_at_its_own_candidate(seed_items):
     state.record(Request(children), probs)
     assert state.first_success_query == 3 + 2 * 3  # the clean prompt, then the second child
     assert state.queries == 3 + 3 * 3  # the whole request is charged
+
+
+def test_ctrl_c_says_what_was_kept_and_how_to_resume(tiny_model_dir, tmp_path):
+    out = tmp_path / "interrupted"
+    args = [sys.executable, "-m", "flexsearch.cli", "search", "--model", str(tiny_model_dir), "--data", "seed",
+            "--limit", "24", "--budget", "14", "--set", "item_batch=2", *FAST, "--out", str(out)]
+    process = subprocess.Popen(args, env={**os.environ, "TQDM_DISABLE": "1"}, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    trace = out / "trace.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline and (not trace.exists() or len(trace.read_text().splitlines()) < 4):
+        time.sleep(0.05)
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 130, stderr
+    kept = len(trace.read_text().splitlines())
+    assert re.search(rf"interrupted after {kept} of 48 item searches; .*rerun the same command to resume", stderr)
+    assert "Traceback" not in stderr and not (out / ".lock").exists()
+    subprocess.run(args, check=True, env={**os.environ, "TQDM_DISABLE": "1"}, capture_output=True)
+    assert len(trace.read_text().splitlines()) == 48

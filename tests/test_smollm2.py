@@ -25,12 +25,12 @@ def test_smollm2_scores_seed_items(smollm2, seed_items):
 
 def test_smollm2_search_split_rescores(smollm2, tmp_path):
     config = load_config("default", ["operators=[{name: persona, n: 2}, {name: instruction, n: 2}]",
-                                     "constraints=[protected_spans]"], budget=5, steps=1)
+                                     "constraints=[protected_spans]"], budget=9, steps=1)
     out = tmp_path / "smol"
     table = api.search("seed", model=api.Target("smollm2", device="cpu"), out=out, config=config, limit=3).table
     assert "fairness gap" in table
     score = json.loads((out / "score.json").read_text())
-    assert score["model"]["gguf_sha256"] and score["anti_stereotype"]["queries"]["mean"] <= 5
+    assert score["model"]["gguf_sha256"] and score["anti_stereotype"]["queries"]["mean"] <= 9
     rows = load_split(out / "split.jsonl")
     fresh = Scorer(smollm2, average_orders=True).score([r.candidate for r in rows]).probs
     for row, probs in zip(rows, fresh, strict=True):
@@ -52,7 +52,7 @@ def test_lora_walkthrough_end_to_end(tmp_path):
         return result.output
 
     adapter, base, transfer, tuned = (str(tmp_path / n) for n in ("lora", "base", "transfer", "tuned"))
-    small = ["--data", "seed", "--limit", "4", "--budget", "4", "--set", "constraints=[protected_spans]",
+    small = ["--data", "seed", "--limit", "4", "--budget", "6", "--set", "constraints=[protected_spans]",
              "--set", "operators=[{name: persona, n: 1}]"]
     assert "policy gold, 2 steps" in ok("finetune", "--model", "smollm2", "--data", "seed", "--limit", "4",
                                         "--steps", "2", "--batch-items", "1", "--eval-share", "0", "--out", adapter)
