@@ -56,7 +56,7 @@ from flexsearch.runio import (
     atomic_write_jsonl,
     atomic_write_text,
     read_jsonl,
-    read_log,
+    read_trace,
     software_versions,
 )
 from flexsearch.scoring import Scorer, build_scorer, fit_context
@@ -166,8 +166,8 @@ def _search_objectives(run: RunDirectory, items: list[Item], objectives: list[st
     the trace (the resume point). Returns objective → item id → outcome record, and Ray's retries."""
     trace = run.path / TRACE
     done: dict[str, dict[str, dict[str, Any]]] = {o: {} for o in objectives}
-    for record in read_log(trace, repair=True):
-        if record.get("kind") == "item" and record["objective"] in done:
+    for record in read_trace(trace, repair=True):
+        if record["objective"] in done:
             done[record["objective"]][record["item_id"]] = record
     retries = 0
     total = len(items) * len(objectives)

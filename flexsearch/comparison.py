@@ -25,8 +25,8 @@ from flexsearch.runio import (
     TRACE,
     read_json,
     read_jsonl,
-    read_log,
     read_run_config,
+    read_trace,
 )
 from flexsearch.verdict import verdict
 
@@ -78,7 +78,7 @@ def load_run(run: Path) -> RunTable:
     scoring = _scoring_of(run)
     if (run / TRACE).exists() and (run / SPLIT_JSONL).exists():
         rows = read_jsonl(run / SPLIT_JSONL)
-        outcomes = {(r["objective"], r["item_id"]): r for r in read_log(run / TRACE) if r.get("kind") == "item"}
+        outcomes = {(r["objective"], r["item_id"]): r for r in read_trace(run / TRACE)}
         objective = rows[0]["objective"]
 
         def probs(obj: str, key: str) -> np.ndarray | None:

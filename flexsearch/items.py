@@ -11,6 +11,7 @@ import csv
 import hashlib
 import json
 import re
+import unicodedata
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -80,6 +81,8 @@ def iter_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
             record = json.loads(line)
         except json.JSONDecodeError as err:
             raise InputError(path, line_no, None, f"malformed JSON ({err.msg} at column {err.colno})") from None
+        except RecursionError:
+            raise InputError(path, line_no, None, "JSON nested too deeply to be a record") from None
         if not isinstance(record, dict):
             raise InputError(path, line_no, None, "expected a JSON object")
         yield line_no, record
@@ -138,6 +141,9 @@ class RecordFields:
             raise self.error(name, f"expected text, got {type(value).__name__}")
         if not value.strip():
             raise self.error(name, "empty text")
+        control = next((c for c in value if unicodedata.category(c) == "Cc" and c not in "\t\n\r"), None)
+        if control is not None:  # it would reach the prompt and the terminal as it is
+            raise self.error(name, f"control character U+{ord(control):04X} in text")
         return value.strip()
 
     def optional_text(self, name: str, default: str = "") -> str:
@@ -315,7 +321,8 @@ def load_items(source: str | Path, limit: int | None = None) -> LoadResult:
     else:
         path = Path(source)
         if not path.exists():
-            raise InputError(path, None, None, "file not found")
+            raise InputError(path, None, None, "a symbolic link that leads nowhere (a loop or a missing target)"
+                             if path.is_symlink() else "file not found")
         if path.suffix == ".csv":
             records, parse = iter_csv(path), parse_flex_row
         elif path.suffix in (".jsonl", ".json"):

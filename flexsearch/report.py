@@ -12,6 +12,7 @@ from typing import Any
 import matplotlib
 
 matplotlib.use("Agg")  # files only; no display on these machines
+matplotlib.rcParams["text.parse_math"] = False  # category names and labels are plain text, never TeX
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 

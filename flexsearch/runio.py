@@ -115,7 +115,7 @@ def read_log(path: Path, repair: bool = False) -> list[dict[str, Any]]:
         last = number == len(lines)
         try:
             record = json.loads(line) if line.endswith(b"\n") or not last else None
-        except (json.JSONDecodeError, UnicodeDecodeError):
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
             record = None
             if not last:
                 raise InputError(path, number, None, "unreadable record in the middle of the log; "
@@ -129,6 +129,31 @@ def read_log(path: Path, repair: bool = False) -> list[dict[str, Any]]:
     if repair and good_bytes != len(raw):
         with path.open("r+b") as handle:
             handle.truncate(good_bytes)
+    return records
+
+
+_TRACE_FIELDS: dict[str, tuple[type, ...]] = {  # an item record's fields and the JSON types each may hold
+    "objective": (str,), "item_id": (str,), "chain": (list,), "option_order": (list,), "clean_probs": (list,),
+    "best_probs": (list,), "success": (bool,), "queries": (int,), "first_success_query": (int, type(None)),
+}
+
+
+def read_trace(path: Path, repair: bool = False) -> list[dict[str, Any]]:
+    """The item records of a search's trace.jsonl (read_log), each checked for the fields a resume, compare
+    and report read: a missing or mistyped field is an InputError naming the line and the field."""
+    records = []
+    for line, record in enumerate(read_log(path, repair=repair), start=1):
+        if record.get("kind") != "item":
+            continue
+        for field, types in _TRACE_FIELDS.items():
+            if field not in record:
+                raise InputError(path, line, field, "missing field (a damaged or foreign trace; the file was left "
+                                                    "unchanged)")
+            if not isinstance(record[field], types) or (bool in types) != isinstance(record[field], bool):
+                raise InputError(path, line, field, f"unexpected value {str(record[field])[:40]!r}")
+        if any(len(record[f]) != 3 for f in ("option_order", "clean_probs", "best_probs")):
+            raise InputError(path, line, "best_probs", "expected three answers' values")
+        records.append(record)
     return records
 
 

@@ -77,7 +77,14 @@ def world(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dic
     long_item = json.loads(json.dumps(_seed_record()))
     long_item["context"] = "word " * 40_000
     write("long.jsonl", json.dumps(long_item) + "\n")
+    escape_item = json.loads(json.dumps(_seed_record()))
+    escape_item["context"] = "A grandmother \x1b[31mand a teenager\x1b[0m were at the phone store."
+    write("escape.jsonl", json.dumps(escape_item) + "\n")
+    write("deep.jsonl", "[" * 100_000 + "]" * 100_000 + "\n")
+    (root / "loop.jsonl").symlink_to(root / "loop.jsonl")
+    files["loop.jsonl"] = root / "loop.jsonl"
     for name, damage in (("corrupt-score", lambda run: (run / "score.json").write_text("{\"items\": ")),
+                         ("trace-no-chain", _drop_chain),
                          ("corrupt-trace", _damage_trace_middle),
                          ("corrupt-config", lambda run: (run / "config.yaml").write_text("command: [\n")),
                          ("old-score", _drop_schema_version)):
@@ -98,6 +105,12 @@ def _drop_schema_version(run: Path) -> None:
     score = json.loads((run / "score.json").read_text())
     del score["schema_version"]  # as written before score schema 2
     (run / "score.json").write_text(json.dumps(score))
+
+
+def _drop_chain(run: Path) -> None:
+    records = [json.loads(line) for line in (run / "trace.jsonl").read_text().splitlines()]
+    del records[1]["chain"]  # a whole line, but not one a search wrote
+    (run / "trace.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
 
 
 def _damage_trace_middle(run: Path) -> None:
@@ -225,6 +238,16 @@ CASES: list[tuple[str, list[str], str]] = [
     ("operators-empty", S("--set", "operators=[]"), "a search needs at least one operator"),
     ("threshold-nan", S("--set", "constraints=[{name: similarity, threshold: .nan}]"), "must be a finite number"),
     ("seed-negative", S("--seed", "-1"), "Invalid value for '--seed'"),
+    ("data-control-character", E("--data", "{escape.jsonl}"), "escape.jsonl:1: field 'context': control character "
+                                                                "U+001B"),
+    ("data-nested-too-deep", E("--data", "{deep.jsonl}"), "deep.jsonl:1: JSON nested too deeply"),
+    ("data-symlink-loop", E("--data", "{loop.jsonl}"), "a symbolic link that leads nowhere"),
+    ("trace-missing-chain-compare", ["compare", "{trace-no-chain}", "{search}"],
+     "trace.jsonl:2: field 'chain': missing field"),
+    ("trace-missing-chain-report", ["report", "{trace-no-chain}", "--out", "{root}/r.html"],
+     "trace.jsonl:2: field 'chain': missing field"),
+    ("trace-missing-chain-resume", S("--out", "{trace-no-chain}", "--budget", "6", "--limit", "4"),
+     "trace.jsonl:2: field 'chain': missing field"),
     ("finetune-split-seed-negative", ["finetune", "--out", "{root}/a", "--split-seed", "-1"],
      "Invalid value for '--split-seed'"),
     ("mutate-seed-negative", ["mutate", "--seed", "-2"], "Invalid value for '--seed'"),
@@ -293,7 +316,7 @@ def _fill(args: list[str], world: dict[str, Path]) -> list[str]:
 @pytest.mark.parametrize(("args", "message"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
 def test_bad_input_is_one_line_exit_two_and_changes_nothing(world, args, message):
     existing = [world["search"], world["eval"], world["corrupt-trace"], world["corrupt-score"],
-                world["corrupt-config"], world["old-score"], world["stranger"]]
+                world["corrupt-config"], world["old-score"], world["stranger"], world["trace-no-chain"]]
     before = snapshot(existing)
     result = runner.invoke(app, _fill(args, world))
     lines = [line for line in result.output.splitlines() if line.strip()]
