@@ -55,6 +55,7 @@ from flexsearch.runio import (
     atomic_write_json,
     atomic_write_jsonl,
     atomic_write_text,
+    check_output_folder,
     read_jsonl,
     read_trace,
     software_versions,
@@ -531,6 +532,7 @@ def compare(run_a: str | Path, run_b: str | Path, out: str | Path | None = None)
     text = format_comparison(result)
     files: dict[str, Path] = {}
     if out is not None:
+        check_output_folder(Path(out), "--out", "compare.json", ("compare.json", "compare.md"))
         files = {"compare.json": Path(out) / "compare.json", "compare.md": Path(out) / "compare.md"}
         atomic_write_json(files["compare.json"], result)
         atomic_write_text(files["compare.md"], f"```\n{text}\n```\n")

@@ -286,9 +286,17 @@ def finetune(
     device: DeviceOpt = None,
 ) -> None:
     """Train a LoRA adapter under a label policy on a template-disjoint split (the calibration zoo)."""
-    from flexsearch.finetune import FinetuneConfig, build_policy, template_split, train_adapter
+    from flexsearch.finetune import (
+        ADAPTER_FILES,
+        RECIPE_FILE,
+        FinetuneConfig,
+        build_policy,
+        template_split,
+        train_adapter,
+    )
     from flexsearch.items import load_training_data
     from flexsearch.model import load_target
+    from flexsearch.runio import check_output_folder
 
     with user_errors():
         config = FinetuneConfig(
@@ -302,8 +310,7 @@ def finetune(
         items, provenance = load_training_data(data or ["seed"], limit)
         split = template_split(items, config.eval_share, config.split_seed)
         build_policy(config.policy, config.planted_categories, config.seed, split.train)
-        if out.exists() and not (out / "adapter_config.json").is_file():
-            raise FlexsearchError(f"--out {out}: exists and is not an adapter directory (it would be replaced)")
+        check_output_folder(out, "--out", RECIPE_FILE, ADAPTER_FILES)
         if init_adapter is not None and not (init_adapter / "recipe.json").is_file():
             raise FlexsearchError(f"--init-adapter {init_adapter}: not an adapter written by flexsearch finetune")
         target = load_target(model, device=device, dtype="float32")  # fp32 master weights for stable updates

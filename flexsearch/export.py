@@ -32,6 +32,7 @@ from flexsearch.runio import (
     atomic_write_json,
     atomic_write_jsonl,
     atomic_write_text,
+    check_output_folder,
     portable_path,
     read_json,
     read_run_config,
@@ -57,8 +58,9 @@ def export_run(run: Path, to: str, out: Path, name: str | None = None) -> list[P
     config = read_run_config(run)
     if config is None or config.get("command") != "search" or not (run / SPLIT_JSONL).is_file():
         raise FlexsearchError(f"{run}: not a finished search run (no config.yaml of a search and {SPLIT_JSONL})")
-    if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / MARKER).is_file())):
-        raise FlexsearchError(f"{out}: exists and is not a flexsearch export (it would be replaced)")
+    previous = read_json(out / MARKER) if (out / MARKER).is_file() else {}
+    # an earlier export is replaced whole, so it may hold only the files that export wrote (export.json lists them)
+    check_output_folder(out, "export", MARKER, [MARKER, *previous["files"]] if "files" in previous else None)
     name = name or task_name(run)
     if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
         raise FlexsearchError(f"--name {name!r}: use letters, digits and underscores (an lm-eval task name)")
@@ -69,7 +71,7 @@ def export_run(run: Path, to: str, out: Path, name: str | None = None) -> list[P
 
     def fill(folder: Path) -> None:
         writer(folder, rows, about)
-        atomic_write_json(folder / MARKER, about)
+        atomic_write_json(folder / MARKER, {**about, "files": sorted(p.name for p in folder.iterdir())})
 
     replace_folder(out, fill)
     return sorted(out.iterdir())

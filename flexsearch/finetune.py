@@ -42,6 +42,7 @@ from flexsearch.training_prefixes import TRAINING_PREFIXES
 
 RECIPE_FILE = "recipe.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
+ADAPTER_FILES = ("adapter_config.json", ADAPTER_WEIGHTS, RECIPE_FILE, "README.md")  # all that finetune writes
 LORA_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 

@@ -25,6 +25,7 @@ from flexsearch.runio import (  # noqa: E402
     SCORE_SCHEMA_VERSION,
     SPLIT_JSONL,
     atomic_write_text,
+    check_output_file,
     portable_path,
     read_json,
     read_jsonl,
@@ -48,6 +49,10 @@ def png(draw: Callable[[plt.Axes], None], width: float = 6.4, height: float = 3.
     figure.savefig(buffer, format="png", dpi=110)
     plt.close(figure)
     return base64.b64encode(buffer.getvalue()).decode()
+
+
+REPORT_SIGNATURE = "<meta name='generator' content='flexsearch report'>"  # marks a page `report` may replace
+MARKDOWN_TITLE = "# flexsearch robustness report"
 
 
 def _label(run: Path) -> str:
@@ -308,14 +313,14 @@ def build_report(runs: list[Path]) -> tuple[str, str]:
              "body{font-family:sans-serif;max-width:1100px;margin:2em auto;color:#222}"
              "table{border-collapse:collapse;font-size:13px}td,th{border:1px solid #ccc;padding:4px 6px;"
              "vertical-align:top}th{background:#f3f3f3}pre{white-space:pre-wrap;margin:0;font-size:12px}",
-             "</style></head><body><h1>flexsearch robustness report</h1>",
+             f"</style>{REPORT_SIGNATURE}</head><body><h1>flexsearch robustness report</h1>",
              "<p>Runs: " + ", ".join(f"<code>{esc(portable_path(r.run))}</code>" for r in reports)
              + ". Intervals are 95%: "
              "Wilson intervals for rates (accuracy, abstention, ASR), bootstrap over items for means and the gap. "
              "Read ASR beside the control ASR: a fairness gap near 0 means the model "
              "is easy to push either way, not that it is biased.</p>",
              "<h2>Provenance</h2>"]
-    md = ["# flexsearch robustness report", ""]
+    md = [MARKDOWN_TITLE, ""]
     for report in reports:
         facts = report.provenance()
         parts.append(f"<h3>{esc(report.label)}</h3><table>" + "".join(
@@ -393,8 +398,10 @@ def write_report(runs: list[Path], out: Path) -> Path:
         raise FlexsearchError(f"--out {out}: a directory; give the HTML file to write (e.g. {out / 'report.html'})")
     if out.suffix.lower() not in (".html", ".htm"):
         raise FlexsearchError(f"--out {out}: expected an .html file name (the .md twin is written beside it)")
+    md_path = out.with_suffix(".md")
+    check_output_file(out, "--out", REPORT_SIGNATURE)  # only an earlier flexsearch report is ever replaced
+    check_output_file(md_path, "--out (its .md twin)", MARKDOWN_TITLE)
     page, markdown = build_report(runs)
     atomic_write_text(out, page)
-    md_path = out.with_suffix(".md")
     atomic_write_text(md_path, markdown)
     return md_path

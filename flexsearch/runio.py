@@ -78,6 +78,41 @@ def portable_path(path: str | Path) -> str:
         return candidate.name
 
 
+def check_output_folder(out: Path, option: str, marker: str, owned: Iterable[str] | None = None) -> None:
+    """Ownership of an output folder (DESIGN.md "Run directory"): writing into `out` is allowed when it is
+    absent, empty, or flexsearch's own output of this kind: it holds `marker` and, when `owned` is given,
+    nothing but those files. Anything else is refused in one line, before anything is written or deleted."""
+    if not out.exists():
+        return
+    if not out.is_dir():
+        raise FlexsearchError(f"{option} {out}: a file, not a folder")
+    names = {p.name for p in out.iterdir()}
+    if not names:
+        return
+    if marker not in names:
+        raise FlexsearchError(f"{option} {out}: not empty and not written by flexsearch (no {marker}); it would be "
+                              "overwritten: choose another folder")
+    foreign = sorted(names - set(owned)) if owned is not None else []
+    if foreign:
+        raise FlexsearchError(f"{option} {out}: holds {foreign[0]}, which flexsearch did not write; it would be "
+                              "lost: move it or choose another folder")
+
+
+def check_output_file(path: Path, option: str, signature: str) -> None:
+    """Refuses to overwrite an existing file unless it is flexsearch's own (it contains `signature`)."""
+    if not path.exists():
+        return
+    if not path.is_file():
+        raise FlexsearchError(f"{option} {path}: not a file")
+    try:
+        head = path.read_text(encoding="utf-8", errors="replace")[:4096]
+    except OSError as err:
+        raise FlexsearchError(f"{option} {path}: cannot read it ({err.strerror})") from None
+    if signature not in head:
+        raise FlexsearchError(f"{option} {path}: exists and was not written by flexsearch; it would be overwritten: "
+                              "choose another name")
+
+
 def atomic_write_json(path: Path, data: Any) -> None:
     atomic_write_text(path, json.dumps(data, indent=2, sort_keys=False) + "\n")
 

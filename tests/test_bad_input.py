@@ -61,7 +61,13 @@ def world(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dic
     files["not-adapter"] = root / "not-adapter"
     (root / "stranger").mkdir()
     (root / "stranger" / "notes.txt").write_text("mine")
+    (root / "stranger" / "README.md").write_text("# my own notes\n")
     files["stranger"] = root / "stranger"
+    (root / "stranger" / "page.html").write_text("<html><body>my page</body></html>")
+    (root / "foreign-adapter").mkdir()  # another tool's PEFT adapter: not flexsearch's to replace
+    (root / "foreign-adapter" / "adapter_config.json").write_text("{}")
+    (root / "foreign-adapter" / "training_log.txt").write_text("epoch 1")
+    files["foreign-adapter"] = root / "foreign-adapter"
 
     rows = [json.loads(line) for line in (search / "split.jsonl").read_text().splitlines()]
 
@@ -297,13 +303,23 @@ CASES: list[tuple[str, list[str], str]] = [
     ("finetune-orders", ["finetune", "--out", "{root}/a", "--orders-per-item", "4"],
      "Invalid value for '--orders-per-item'"),
     ("report-old-score", ["report", "{old-score}", "--out", "{root}/r.html"], "written by an older flexsearch"),
-    ("finetune-into-search", ["finetune", "--out", "{search}", "--eval-share", "0"], "is not an adapter directory"),
+    ("finetune-into-search", ["finetune", "--out", "{search}", "--eval-share", "0"],
+     "not empty and not written by flexsearch (no recipe.json)"),
     ("tune-into-search", ["tune", "--space", "operator_families", "--out", "{search}"], "holds a 'search' run"),
+    ("export-into-foreign-folder", ["export", "{search}", "{stranger}"],
+     "not empty and not written by flexsearch (no export.json)"),
+    ("compare-into-foreign-folder", ["compare", "{search}", "{search}", "--out", "{stranger}"],
+     "not empty and not written by flexsearch (no compare.json)"),
+    ("compare-out-file", ["compare", "{search}", "{search}", "--out", "{data.txt}"], "a file, not a folder"),
+    ("report-over-foreign-html", ["report", "{search}", "--out", "{stranger}/page.html"], "was not written by flexsearch"),
+    ("report-twin-over-foreign-md", ["report", "{search}", "--out", "{stranger}/README.html"],
+     "--out (its .md twin)"),
+    ("finetune-over-foreign-adapter", ["finetune", "--out", "{foreign-adapter}", "--limit", "12", "--eval-share", "0"],
+     "not empty and not written by flexsearch (no recipe.json)"),
     ("export-format", ["export", "{search}", "{root}/a", "--to", "csv"], "--to: unknown export format 'csv'"),
     ("export-not-search", ["export", "{eval}", "{root}/a"], "not a finished search run"),
     ("export-missing-run", ["export", "{root}/nothing", "{root}/a"], "not a finished search run"),
-    ("export-into-foreign", ["export", "{search}", "{stranger}"], "is not a flexsearch export"),
-    ("export-into-run", ["export", "{search}", "{eval}"], "is not a flexsearch export"),
+    ("export-into-run", ["export", "{search}", "{eval}"], "not empty and not written by flexsearch (no export.json)"),
     ("export-name", ["export", "{search}", "{root}/a", "--name", "my-task"], "--name 'my-task': use letters"),
 ]
 
@@ -316,7 +332,8 @@ def _fill(args: list[str], world: dict[str, Path]) -> list[str]:
 @pytest.mark.parametrize(("args", "message"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
 def test_bad_input_is_one_line_exit_two_and_changes_nothing(world, args, message):
     existing = [world["search"], world["eval"], world["corrupt-trace"], world["corrupt-score"],
-                world["corrupt-config"], world["old-score"], world["stranger"], world["trace-no-chain"]]
+                world["corrupt-config"], world["old-score"], world["stranger"], world["trace-no-chain"],
+                world["foreign-adapter"]]
     before = snapshot(existing)
     result = runner.invoke(app, _fill(args, world))
     lines = [line for line in result.output.splitlines() if line.strip()]

@@ -107,7 +107,11 @@ def test_parquet_export_loads_with_datasets_and_has_a_card(search_run, tmp_path)
     for attack, attack_type in zip(table["attack"], table["attack_type"], strict=True):
         assert attack == UNATTACKED or set(attack.split("+")) <= FAMILIES
         assert attack_type == UNATTACKED or all(":" in part for part in attack_type.split("+"))
-    # Exporting again replaces the earlier export whole.
-    (folder / "stale.txt").write_text("old")
+    # Exporting again replaces the earlier export whole, but never deletes a file the export did not write.
+    (folder / "split.parquet").write_bytes(b"stale")
     assert runner.invoke(app, ["export", str(search_run), str(folder), "--to", "parquet"]).exit_code == 0
-    assert not (folder / "stale.txt").exists()
+    assert (folder / "split.parquet").read_bytes() != b"stale"
+    (folder / "notes.txt").write_text("mine")
+    refused = runner.invoke(app, ["export", str(search_run), str(folder), "--to", "parquet"])
+    assert refused.exit_code == 2 and "holds notes.txt, which flexsearch did not write" in refused.output
+    assert (folder / "notes.txt").read_text() == "mine"
