@@ -56,6 +56,7 @@ from flexsearch.runio import (
     atomic_write_jsonl,
     atomic_write_text,
     check_output_folder,
+    config_fingerprint,
     read_jsonl,
     read_trace,
     software_versions,
@@ -123,7 +124,8 @@ def search(data: str = "seed", *, model: str | Target = "smollm2", out: str | Pa
     with _opened_run(run_dir, resolved, target) as (run, scorer):
         items, skipped = _fitting_items(loaded, scorer, SEARCH_PROMPT_MARGIN)
         objectives = _objectives(resolved_config)
-        done, retries = _search_objectives(run, items, objectives, scorer, resolved_config, target, ray)
+        done, retries = _search_objectives(run, items, objectives, scorer, resolved_config, target, ray,
+                                           config_fingerprint(resolved))
         rows = _write_split(run, items, done[resolved_config.objective], scorer)
         score = _search_score(items, done, objectives, scorer, resolved_config, data, skipped, retries, ray)
         score["split_rows"] = {name: sum(split_file_of(r)[0] == jsonl for r in rows)
@@ -161,13 +163,14 @@ def _objectives(config: SearchConfig) -> list[str]:
 
 
 def _search_objectives(run: RunDirectory, items: list[Item], objectives: list[str], scorer: Scorer,
-                       config: SearchConfig, target: Target,
-                       ray: RayOptions | None) -> tuple[dict[str, dict[str, dict[str, Any]]], int]:
+                       config: SearchConfig, target: Target, ray: RayOptions | None,
+                       fingerprint: str) -> tuple[dict[str, dict[str, dict[str, Any]]], int]:
     """Searches every (objective, item) the trace does not hold yet, appending each finished batch to
-    the trace (the resume point). Returns objective → item id → outcome record, and Ray's retries."""
+    the trace (the resume point), each record stamped with the run's config fingerprint. Returns
+    objective → item id → outcome record, and Ray's retries."""
     trace = run.path / TRACE
     done: dict[str, dict[str, dict[str, Any]]] = {o: {} for o in objectives}
-    for record in read_trace(trace, repair=True):
+    for record in read_trace(trace, repair=True, fingerprint=fingerprint):
         if record["objective"] in done:
             done[record["objective"]][record["item_id"]] = record
     retries = 0
@@ -181,6 +184,7 @@ def _search_objectives(run: RunDirectory, items: list[Item], objectives: list[st
                 continue
 
             def keep(records: list[dict[str, Any]], objective: str = objective) -> None:
+                records = [{**r, "config": fingerprint} for r in records]
                 append_jsonl(trace, records)
                 done[objective].update({r["item_id"]: r for r in records})
 

@@ -4,6 +4,7 @@ append-only crash-tolerant log, the exclusive lock, which command owns it, and t
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import os
 import shlex
@@ -173,13 +174,25 @@ _TRACE_FIELDS: dict[str, tuple[type, ...]] = {  # an item record's fields and th
 }
 
 
-def read_trace(path: Path, repair: bool = False) -> list[dict[str, Any]]:
+def config_fingerprint(resolved: dict[str, Any], command: str = "search") -> str:
+    """A short hash of the settings that decide a command's results (RESULT_KEYS): every trace record carries
+    it, so a resume never mixes records written under another configuration."""
+    chosen = {key: _dotted(resolved, key) for key in RESULT_KEYS[command]}
+    return hashlib.sha256(json.dumps(chosen, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def read_trace(path: Path, repair: bool = False, fingerprint: str | None = None) -> list[dict[str, Any]]:
     """The item records of a search's trace.jsonl (read_log), each checked for the fields a resume, compare
-    and report read: a missing or mistyped field is an InputError naming the line and the field."""
+    and report read: a missing or mistyped field, or (with `fingerprint`) a record written under another
+    configuration, is an InputError naming the line and the field; the file is left as it is."""
     records = []
     for line, record in enumerate(read_log(path, repair=repair), start=1):
         if record.get("kind") != "item":
             continue
+        if fingerprint is not None and record.get("config", fingerprint) != fingerprint:
+            raise InputError(path, line, "config", f"written under another configuration ({record['config']}, this "
+                                                   f"run is {fingerprint}); resume with the same settings or choose "
+                                                   "another --out")
         for field, types in _TRACE_FIELDS.items():
             if field not in record:
                 raise InputError(path, line, field, "missing field (a damaged or foreign trace; the file was left "

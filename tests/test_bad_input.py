@@ -91,6 +91,7 @@ def world(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dic
     files["loop.jsonl"] = root / "loop.jsonl"
     for name, damage in (("corrupt-score", lambda run: (run / "score.json").write_text("{\"items\": ")),
                          ("trace-no-chain", _drop_chain),
+                         ("trace-other-config", _foreign_record),
                          ("corrupt-trace", _damage_trace_middle),
                          ("corrupt-config", lambda run: (run / "config.yaml").write_text("command: [\n")),
                          ("old-score", _drop_schema_version)):
@@ -111,6 +112,12 @@ def _drop_schema_version(run: Path) -> None:
     score = json.loads((run / "score.json").read_text())
     del score["schema_version"]  # as written before score schema 2
     (run / "score.json").write_text(json.dumps(score))
+
+
+def _foreign_record(run: Path) -> None:
+    records = [json.loads(line) for line in (run / "trace.jsonl").read_text().splitlines()]
+    records[2]["config"] = "0123456789abcdef"  # a whole record, written under other settings
+    (run / "trace.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
 
 
 def _drop_chain(run: Path) -> None:
@@ -254,6 +261,8 @@ CASES: list[tuple[str, list[str], str]] = [
      "trace.jsonl:2: field 'chain': missing field"),
     ("trace-missing-chain-resume", S("--out", "{trace-no-chain}", "--budget", "6", "--limit", "4"),
      "trace.jsonl:2: field 'chain': missing field"),
+    ("trace-record-of-another-config", S("--out", "{trace-other-config}", "--budget", "6", "--limit", "4"),
+     "trace.jsonl:3: field 'config': written under another configuration"),
     ("finetune-split-seed-negative", ["finetune", "--out", "{root}/a", "--split-seed", "-1"],
      "Invalid value for '--split-seed'"),
     ("mutate-seed-negative", ["mutate", "--seed", "-2"], "Invalid value for '--seed'"),
@@ -334,7 +343,7 @@ def _fill(args: list[str], world: dict[str, Path]) -> list[str]:
 def test_bad_input_is_one_line_exit_two_and_changes_nothing(world, args, message):
     existing = [world["search"], world["eval"], world["corrupt-trace"], world["corrupt-score"],
                 world["corrupt-config"], world["old-score"], world["stranger"], world["trace-no-chain"],
-                world["foreign-adapter"]]
+                world["foreign-adapter"], world["trace-other-config"]]
     before = snapshot(existing)
     result = runner.invoke(app, _fill(args, world))
     lines = [line for line in result.output.splitlines() if line.strip()]
