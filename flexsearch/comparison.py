@@ -39,6 +39,7 @@ class RunTable:
     scoring: dict[str, Any]
     ids: list[str]
     category: np.ndarray
+    group: np.ndarray  # the stereotyped person's BBQ group tag ("" when the rows carry none)
     condition: np.ndarray
     gold: np.ndarray
     target: np.ndarray
@@ -58,7 +59,7 @@ class RunTable:
             return None if a is None else a[pick]
 
         return RunTable(self.path, self.scoring, [self.ids[i] for i in order], self.category[pick],
-                        self.condition[pick], self.gold[pick],
+                        self.group[pick], self.condition[pick], self.gold[pick],
                         self.target[pick], self.anti_target[pick], self.unknown[pick], self.clean[pick],
                         sub(self.attacked), sub(self.control), sub(self.control_clean), self.margin, self.budget)
 
@@ -99,6 +100,7 @@ def load_run(run: Path) -> RunTable:
     gold, target, anti_target, unknown = (np.array([r[k] for r in rows]) for k in ("gold", "target", "anti_target",
                                                                                 "unknown"))
     return RunTable(run, scoring, [r["item_id"] for r in rows], np.array([r["category"] for r in rows]),
+                    np.array([r.get("stereotyped_group") or "" for r in rows]),
                     np.array([r.get("condition", "ambig") for r in rows]), gold, target, anti_target, unknown,
                     clean=clean, attacked=attacked, control=control,
                     control_clean=control_clean, **_search_settings(run))
@@ -177,6 +179,9 @@ METRICS: dict[str, Metric] = {
 }
 
 
+GROUP_METRICS = ("ASR", "control ASR", "fairness gap")  # compared per stereotyped group
+
+
 def compare_metric(metric: Metric, a: RunTable, b: RunTable, idx: np.ndarray, seed: int = 0) -> dict[str, Any]:
     """A's and B's value, the delta B − A, its paired bootstrap 95% interval and a two-sided p-value."""
     value_a, value_b = metric(a, idx), metric(b, idx)
@@ -234,11 +239,15 @@ def compare_runs(run_a: Path, run_b: Path) -> dict[str, Any]:
     for category in sorted(set(a.category)):
         idx = np.flatnonzero(a.category == category)
         result["per_category"][category] = {name: compare_metric(fn, a, b, idx) for name, fn in METRICS.items()}
-    categories = list(result["per_category"])
-    for name in METRICS:  # Holm across categories, one family per metric
-        flags = holm([result["per_category"][c][name]["p"] for c in categories])
-        for category, flag in zip(categories, flags, strict=True):
-            result["per_category"][category][name]["holm_significant"] = flag
+    result["per_group"] = {tag: {name: compare_metric(METRICS[name], a, b, np.flatnonzero(a.group == tag))
+                                 for name in GROUP_METRICS}
+                           for tag in sorted(set(a.group) - {""})}
+    for block in ("per_category", "per_group"):
+        cells = list(result[block])
+        for name in METRICS if block == "per_category" else GROUP_METRICS:  # Holm over the cells, per metric
+            flags = holm([result[block][c][name]["p"] for c in cells])
+            for cell, flag in zip(cells, flags, strict=True):
+                result[block][cell][name]["holm_significant"] = flag
     if a.attacked is not None or b.attacked is not None:  # verdicts on the shared items, not each run's own set
         result["verdict"] = {"a": shared_verdict(a, everything), "b": shared_verdict(b, everything)}
         for category, block in result["per_category"].items():
@@ -263,6 +272,9 @@ def format_comparison(result: dict[str, Any]) -> str:
     def num(x: float | None) -> str:
         return "-" if x is None else f"{x:.3f}"
 
+    def delta_cell(metric: dict[str, Any]) -> str:
+        return f"{num(metric['delta']) + ('*' if metric['holm_significant'] else ' '):>18}"
+
     lines = [f"A = {result['run_a']}", f"B = {result['run_b']}",
              f"{result['shared_items']} shared items; scoring {result['scoring']}",
              *(f"warning: {w}" for w in result.get("warnings", [])), "",
@@ -277,9 +289,15 @@ def format_comparison(result: dict[str, Any]) -> str:
              if result["overall"][n]["delta"] is not None]
     lines.append(f"{'category':<22}" + "".join(f"{n:>18}" for n in shown))
     for category, metrics in result["per_category"].items():
-        cells = "".join(f"{num(metrics[n]['delta']) + ('*' if metrics[n]['holm_significant'] else ' '):>18}"
-                        for n in shown)
+        cells = "".join(delta_cell(metrics[n]) for n in shown)
         lines.append(f"{category:<22}{cells}")
+    groups = {tag: cells for tag, cells in result.get("per_group", {}).items()
+              if any(cells[n]["delta"] is not None for n in GROUP_METRICS)}
+    if groups:
+        lines += ["", "per stereotyped group (B-A; * = significant after Holm correction over groups):",
+                  f"{'group':<22}" + "".join(f"{n:>18}" for n in GROUP_METRICS)]
+        for tag, cells in groups.items():
+            lines.append(f"{tag:<22}" + "".join(delta_cell(cells[n]) for n in GROUP_METRICS))
     if "verdict" in result:
         lines.append("\nverdict on the shared items (A -> B):")
         for group, v in [("overall", result["verdict"]),

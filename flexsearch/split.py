@@ -23,7 +23,8 @@ FLEX_COLUMNS = ["ctx", "q_text", "sent_more", "sent_less", "bias_type", "a", "b"
                 "attack_type", "attack_success"]
 OUR_COLUMNS = ["item_id", "prompt", "attack_chain", "p_target_clean", "p_target_attacked", "queries", "success",
                "objective", "instruction", "category", "condition", "polarity", "clean_ctx", "clean_q_text",
-               "answers", "gold", "target", "anti_target", "unknown", "option_order", "natural", "forced_choice"]
+               "answers", "gold", "target", "anti_target", "unknown", "option_order", "natural", "forced_choice",
+               "stereotyped_group"]
 _LIST_COLUMNS = ("attack_chain", "answers", "option_order")
 # FLEX's attack families (its `attack` column); every word-level operator is FLEX's "text" family.
 FLEX_FAMILIES = {"persona": "persona", "instruction": "refusal_suppression"}
@@ -85,6 +86,7 @@ def split_row(outcome_record: dict[str, Any], item: Item, prompt: str) -> dict[s
         "clean_ctx": item.context, "clean_q_text": item.question, "answers": list(item.answers),
         "gold": item.gold, "target": item.target, "anti_target": item.anti_target, "unknown": item.unknown,
         "option_order": list(order), "natural": candidate.natural, "forced_choice": candidate.forced_choice,
+        "stereotyped_group": item.stereotyped_group or "",
     }
 
 

@@ -143,3 +143,17 @@ def test_compare_on_real_runs_writes_files(two_tiny_runs, tmp_path):
 def test_report_needs_finished_runs(tmp_path):
     with pytest.raises(FlexsearchError, match="no score.json"):
         build_report([tmp_path])
+
+
+def test_compare_breaks_down_per_group_and_warns_on_other_budgets(two_tiny_runs, tiny_model_dir, tmp_path):
+    rows = [json.loads(line) for line in (two_tiny_runs[0] / "split.jsonl").read_text().splitlines()]
+    result = compare_runs(two_tiny_runs[0], two_tiny_runs[1])
+    assert set(result["per_group"]) == {r["stereotyped_group"] for r in rows} and result["warnings"] == []
+    for cells in result["per_group"].values():
+        assert {"ASR", "control ASR", "fairness gap"} <= set(cells) and "holm_significant" in cells["ASR"]
+    config = load_config("default", ["constraints=[protected_spans]", "operators=[{name: persona, n: 2}]"], budget=7)
+    other = tmp_path / "budget7"
+    api.search("seed", model=api.Target(str(tiny_model_dir), device="cpu"), out=other, config=config, limit=12)
+    output = runner.invoke(app, ["compare", str(two_tiny_runs[0]), str(other)]).output
+    assert "warning: the runs searched with different budgets (10 vs 7 prompts per item)" in output
+    assert "per stereotyped group" in output
