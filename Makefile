@@ -47,6 +47,7 @@ bench: setup
 	$(BIN)/python -m benchmarks.bench_scoring
 	$(BIN)/python -m benchmarks.bench_prefix
 	$(BIN)/python -m benchmarks.bench_resources
+	$(BIN)/python -m benchmarks.bench_margin --bbq $(BBQ)
 	$(BIN)/python -m benchmarks.bench_attack --bbq $(BBQ)
 	$(BIN)/python -m benchmarks.bench_gradient --bbq $(BBQ)
 
