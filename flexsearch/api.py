@@ -36,7 +36,7 @@ from flexsearch.evaluation import (
     score_all,
 )
 from flexsearch.items import Item, LoadResult, load_items, source_sha256
-from flexsearch.metrics import dig, metric_text, perturbed_word_share, robustness_score
+from flexsearch.metrics import dig, forced_choice_text, metric_text, perturbed_word_share, robustness_score
 from flexsearch.model import requested_model
 from flexsearch.objectives import SUCCESS_MARGIN
 from flexsearch.render import render
@@ -423,10 +423,7 @@ def format_search_table(score: dict[str, Any], objective: str) -> str:
     lines += group_lines(score, objective)
     forced = attack.get("forced_choice")
     if forced:
-        lines.append(f"forced choice ({forced['rows']} rows, split-forced.*, not in ASR): P(stereotyped) - "
-                     f"P(anti-stereotyped) {metric_text(forced['mean_p_stereotyped_minus_anti'])}, chose the "
-                     f"stereotyped person {metric_text(forced['stereotyped_share'])} "
-                     f"({forced['stereotyped_share']['k']}/{forced['stereotyped_share']['n']})")
+        lines.append(f"forced choice ({objective} search): {forced_choice_text(forced)}")
     if "audit" in score:
         audit = score["audit"]
         rules = ", ".join(f"{rule} {count}" for rule, count in audit["by_rule"].items() if count)
@@ -457,8 +454,9 @@ def summary_text(summary: dict[str, Any], score: dict[str, Any], objective: str)
     def num(value: float | None, spec: str) -> str:
         return "-" if value is None else format(value, spec)
 
-    apart = (f" (of them {summary['near_ties']} near ties: the aim on top by less than the margin)"
-             if summary.get("near_ties") else "")
+    ties = summary.get("near_ties", 0)
+    apart = (f" (of them {ties} near tie{'s' if ties != 1 else ''}: the aim on top by less than the margin)"
+             if ties else "")
     forced = (f", {summary['forced_choice']} forced-choice (measured apart)" if summary.get("forced_choice") else "")
     return (f"attack summary ({objective}): {summary['succeeded']} succeeded, {summary['failed']} failed{apart}, "
             f"{summary['skipped']} skipped (not eligible){forced}; "

@@ -164,6 +164,14 @@ def holm(p_values: list[float | None], alpha: float = 0.05) -> list[bool]:
     return rejected
 
 
+def forced_choice_text(forced: dict[str, Any]) -> str:
+    """The forced-choice measurement (forced_choice_metrics) as one phrase."""
+    share = forced["stereotyped_share"]
+    return (f"{forced['rows']} forced-choice rows (split-forced.*, not in ASR): P(stereotyped) - P(anti-stereotyped) "
+            f"{metric_text(forced['mean_p_stereotyped_minus_anti'])}, chose the stereotyped person "
+            f"{metric_text(share)} ({share['k']}/{share['n']} person answers)")
+
+
 def per_category(items: Sequence[Item], compute: Callable[[np.ndarray], dict[str, Any]]) -> dict[str, Any]:
     """compute(indices of one category) for every category, sorted by name."""
     categories = np.array([it.category for it in items])

@@ -19,7 +19,7 @@ import numpy as np  # noqa: E402
 from flexsearch.comparison import load_run  # noqa: E402
 from flexsearch.errors import FlexsearchError  # noqa: E402
 from flexsearch.evaluation import cell_text  # noqa: E402
-from flexsearch.metrics import dig, metric_text  # noqa: E402
+from flexsearch.metrics import dig, forced_choice_text, metric_text  # noqa: E402
 from flexsearch.runio import (  # noqa: E402
     SCORE,
     SCORE_SCHEMA_VERSION,
@@ -172,10 +172,7 @@ def _validity_lines(report: RunReport) -> list[str]:
                      f"{summary.get('forced_choice', 0)} forced-choice items measured apart.")
         forced = block.get("forced_choice")
         if forced:
-            lines.append(f"{objective} forced choice ({forced['rows']} rows, split-forced.*): P(stereotyped) − "
-                         f"P(anti-stereotyped) {metric_text(forced['mean_p_stereotyped_minus_anti'])}; chose the "
-                         f"stereotyped person {metric_text(forced['stereotyped_share'])} "
-                         f"(n={forced['stereotyped_share']['n']}).")
+            lines.append(f"forced choice ({objective} search): {forced_choice_text(forced)}.")
     return lines
 
 
