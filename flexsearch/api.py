@@ -249,6 +249,9 @@ def _search_score(items: list[Item], done: dict[str, dict[str, dict[str, Any]]],
         "average_orders": config.scoring.average_orders,
         "backend": "ray" if ray is not None else "local", "worker_retries": retries,
         "success_margin": config.success_margin,
+        # items whose search scored nothing but the clean prompt: the budget never reached an operator
+        "untried_items": {o: sum(done[o][it.id]["queries"] <= scorer.prompts_per_candidate for it in items)
+                          for o in objectives},
         **robustness_score(items, arrays[config.objective], arrays.get("anti_stereotype"), config.budget, letters,
                            config.success_margin),
     }
@@ -414,6 +417,12 @@ def format_search_table(score: dict[str, Any], objective: str) -> str:
         lines.append(f"queries per item: mean {attack['queries']['mean']:.1f}, median {attack['queries']['median']:.0f}"
                      f" (ASR over {attack['eligible_items']} items answered correctly when clean{reach})")
     lines.append(summary_text(attack["summary"], score, objective))
+    untried = {o: n for o, n in (score.get("untried_items") or {}).items() if n}
+    if untried:
+        lines.append("warning: " + "; ".join(f"{n} of {score['items']} items tried no attack toward {o}" for o, n
+                                              in untried.items())
+                     + f": budget {score['budget']} ran out before any operator (greedy word importance first "
+                       "spends one prompt per editable word); raise --budget")
     if "fairness_gap" in score:
         gap = score["fairness_gap"]
         lines.append(f"fairness gap ASR(stereotype) - ASR(anti-stereotype): {metric_text(gap)}"

@@ -242,6 +242,8 @@ CASES: list[tuple[str, list[str], str]] = [
                                                      "unknown option is wrong.', effect: preserving}]}]"),
      "is declared preserving but"),
     ("effects-unknown", S("--set", "operators=[{name: persona, effects: [biased]}]"), "effects must be a non-empty"),
+    ("bert-attack-without-masked-lm", S("--set", "operators=[{name: bert_attack, model: ./no-such-mlm}]"),
+     "bert_attack: './no-such-mlm' cannot be loaded (no such file or directory); bert_attack needs a fill-mask"),
     ("margin-nan", S("--set", "success_margin=.nan"), "field 'success_margin': must be a finite number"),
     ("margin-one", S("--set", "success_margin=1"), "field 'success_margin': must be below 1"),
     ("audit-not-run", ["audit", "{stranger}"], "no split.jsonl"),

@@ -207,3 +207,12 @@ def test_ctrl_c_says_what_was_kept_and_how_to_resume(tiny_model_dir, tmp_path):
     assert "Traceback" not in stderr and not (out / ".lock").exists()
     subprocess.run(args, check=True, env={**os.environ, "TQDM_DISABLE": "1"}, capture_output=True)
     assert len(trace.read_text().splitlines()) == 48
+
+
+def test_a_budget_that_never_reaches_an_operator_is_said(tiny_model_dir, tmp_path):
+    output = run_cli(["search", "--model", str(tiny_model_dir), "--data", "seed", "--limit", "3", "--config",
+                      "textbugger", "--budget", "12", "--out", str(tmp_path / "tb"), "--set",
+                      "constraints=[protected_spans]", "--set", "operators=[{name: textbugger, bugs: [swap]}]"])
+    score = json.loads((tmp_path / "tb" / "score.json").read_text())
+    assert score["untried_items"]["stereotype"] == 3  # 12 queries: the clean prompt and too few probes
+    assert "warning: 3 of 3 items tried no attack toward stereotype" in output and "raise --budget" in output
