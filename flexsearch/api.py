@@ -14,7 +14,8 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
-from flexsearch.attacks.base import availability_problems
+from flexsearch.attacks.base import OPERATORS, availability_problems
+from flexsearch.attacks.constraints import editable_positions
 from flexsearch.audit import audit_rows
 from flexsearch.candidate import Candidate, replay
 from flexsearch.config import (
@@ -118,6 +119,7 @@ def search(data: str = "seed", *, model: str | Target = "smollm2", out: str | Pa
     missing = availability_problems(resolved_config.operators)
     if missing:  # before the target model loads: say at once what this machine lacks
         raise FlexsearchError(missing[0])
+    _check_budget_reaches(resolved_config, loaded.items)
     settings = config_dict(resolved_config)
     resolved = {"command": "search", "data": data, "data_sha256": source_sha256(data), "limit": limit,
                 "model": requested_model(target.arguments()), "scoring": settings.pop("scoring"), "search": settings}
@@ -136,6 +138,21 @@ def search(data: str = "seed", *, model: str | Target = "smollm2", out: str | Pa
         files = run.files()
     return RunResult(run_dir, Score.from_dict(written), rows, format_search_table(written, resolved_config.objective),
                      files)
+
+
+def _check_budget_reaches(config: SearchConfig, items: list[Item]) -> None:
+    """Refuses, before any model loads, a greedy search whose budget cannot reach any operator on any item:
+    with leave-one-out importance and word operators alone it first scores one probe per editable word."""
+    slot_operators = [s for s in config.operators if not OPERATORS.get(s["name"]).edits_words]
+    if config.method != "greedy" or config.importance != "leave_one_out" or slot_operators or not items:
+        return
+    cost = prompts_per_candidate(config.scoring.average_orders)
+    fewest = min(len(editable_positions(Candidate.root(it))) for it in items)
+    needed = cost * (fewest + 2)  # the clean prompt, the probes, one edit
+    if config.budget < needed:
+        raise FlexsearchError(f"--budget {config.budget} cannot reach any operator: greedy word importance first "
+                              f"scores one probe per editable word ({fewest} or more per item, {cost} queries "
+                              f"each), so the budget must be at least {needed}")
 
 
 def _search_config(config: str | SearchConfig, overrides: Sequence[str], **options: Any) -> SearchConfig:

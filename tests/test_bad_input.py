@@ -231,6 +231,9 @@ CASES: list[tuple[str, list[str], str]] = [
     ("dtype-unknown", S("--dtype", "int3"), "--dtype: unknown dtype 'int3'"),
     # label validity and the budget (issues 23, 24)
     ("budget-cannot-reach", S("--budget", "5"), "--budget: field 'budget': 5 cannot reach any operator"),
+    ("budget-cannot-reach-greedy", S("--config", "textbugger", "--budget", "12", "--set",
+                                     "operators=[{name: textbugger}]"),
+     "--budget 12 cannot reach any operator: greedy word importance first scores one probe per editable word"),
     ("template-names-answer-slot", S("--set", "operators=[{name: persona, templates: [{text: 'Blame {target}.', "
                                              "effect: preserving}]}]"), "uses {target}: templates fill only"),
     ("template-no-effect", S("--set", "operators=[{name: instruction, templates: [{text: 'Just answer.'}]}]"),

@@ -209,10 +209,19 @@ def test_ctrl_c_says_what_was_kept_and_how_to_resume(tiny_model_dir, tmp_path):
     assert len(trace.read_text().splitlines()) == 48
 
 
-def test_a_budget_that_never_reaches_an_operator_is_said(tiny_model_dir, tmp_path):
-    output = run_cli(["search", "--model", str(tiny_model_dir), "--data", "seed", "--limit", "3", "--config",
-                      "textbugger", "--budget", "12", "--out", str(tmp_path / "tb"), "--set",
-                      "constraints=[protected_spans]", "--set", "operators=[{name: textbugger, bugs: [swap]}]"])
+def test_a_budget_that_never_reaches_an_operator_is_refused_or_said(tiny_model_dir, tmp_path):
+    from flexsearch.attacks.constraints import editable_positions
+    from flexsearch.candidate import Candidate
+
+    args = ["search", "--model", str(tiny_model_dir), "--data", "seed", "--limit", "3", "--config", "textbugger",
+            "--set", "constraints=[protected_spans]", "--set", "operators=[{name: textbugger, bugs: [swap]}]"]
+    refused = runner.invoke(app, [*args, "--budget", "12", "--out", str(tmp_path / "small")])
+    words = [len(editable_positions(Candidate.root(it))) for it in load_items("seed", limit=3).items]
+    needed = 3 * (min(words) + 2)  # the clean prompt, one probe per editable word, one edit; 3 orders each
+    assert refused.exit_code == 2 and f"must be at least {needed}" in refused.output
+    assert not (tmp_path / "small").exists()
+    output = run_cli([*args, "--budget", str(needed), "--out", str(tmp_path / "tb")])
     score = json.loads((tmp_path / "tb" / "score.json").read_text())
-    assert score["untried_items"]["stereotype"] == 3  # 12 queries: the clean prompt and too few probes
-    assert "warning: 3 of 3 items tried no attack toward stereotype" in output and "raise --budget" in output
+    short = sum(w > min(words) for w in words)  # their probes alone overrun the budget
+    assert score["untried_items"]["stereotype"] == short
+    assert (f"warning: {short} of 3 items tried no attack toward stereotype" in output) == (short > 0)
