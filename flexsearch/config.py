@@ -324,6 +324,7 @@ def load_config(preset: str | None = None, overrides: list[str] | None = None,
             origins.set(key, f"{path}:{line}")
     for assignment in overrides or []:
         origins.set(apply_override(data, assignment), f"--set {assignment}")
+    check_settings(SearchConfig, data, origins)  # a bad value is refused even where a CLI option overrides it
     for key, value in cli.items():
         if value is not None:
             data[key] = value

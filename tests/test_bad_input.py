@@ -248,6 +248,8 @@ CASES: list[tuple[str, list[str], str]] = [
     ("bert-attack-without-masked-lm", S("--set", "operators=[{name: bert_attack, model: ./no-such-mlm}]"),
      "bert_attack: './no-such-mlm' cannot be loaded (no such file or directory); bert_attack needs a fill-mask"),
     ("margin-nan", S("--set", "success_margin=.nan"), "field 'success_margin': must be a finite number"),
+    ("set-nan-under-cli-option", S("--set", "budget=.nan", "--budget", "10"), "--set budget=.nan: field 'budget': "
+                                                                              "expected an integer, got nan"),
     ("margin-one", S("--set", "success_margin=1"), "field 'success_margin': must be below 1"),
     ("audit-not-run", ["audit", "{stranger}"], "no split.jsonl"),
     # configs that would hang or measure nothing (issue 25)
