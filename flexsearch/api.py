@@ -63,7 +63,7 @@ from flexsearch.runio import (
     software_versions,
 )
 from flexsearch.scoring import Scorer, build_scorer, fit_context
-from flexsearch.search_loop import build_context, run_search
+from flexsearch.search_loop import build_context, constraint_specs, run_search
 from flexsearch.split import load_split, split_csv_text, split_row
 
 
@@ -514,7 +514,7 @@ def mutate(data: str, item_ref: str, operator: str, n: int, settings: list[str],
     op = build(OPERATORS, spec, resources)
     # the similarity check (a sentence encoder) only judges word edits; a template operator is never slowed by it
     specs = [c for c in SearchConfig().constraints if op.edits_words or c["name"] != "similarity"]
-    constraints = [build(CONSTRAINTS, c, resources) for c in [{"name": "no_option_names"}, *specs]]
+    constraints = [build(CONSTRAINTS, c, resources) for c in constraint_specs(specs)]
     rng = np.random.default_rng(seed)
     root = Candidate.root(chosen)
     accepted: list[Candidate] = []

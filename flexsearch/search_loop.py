@@ -382,11 +382,16 @@ METHODS: dict[str, Callable[[SearchContext, ItemState], SearchMethod]] = {
 ALWAYS_ON = ("no_option_names",)  # constraints every search applies, listed in its config or not (label validity)
 
 
+def constraint_specs(specs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A config's constraint specs with the always-on ones put first where the config does not list them."""
+    named = {spec["name"] for spec in specs}
+    return [*({"name": name} for name in ALWAYS_ON if name not in named), *specs]
+
+
 def build_context(config: SearchConfig, scorer: Scorer, objective_name: str) -> SearchContext:
     objective = get_objective(objective_name, config.success_margin)
     resources = AttackResources(target=scorer.target, fmt=scorer.fmt, objective=objective)
-    named = {spec["name"] for spec in config.constraints}
-    specs = [*({"name": name} for name in ALWAYS_ON if name not in named), *config.constraints]
+    specs = constraint_specs(config.constraints)
     return SearchContext(
         config=config, scorer=scorer, objective=objective,
         operators=[build(OPERATORS, spec, resources) for spec in config.operators],
