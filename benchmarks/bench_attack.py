@@ -21,7 +21,10 @@ textbugger`).
 Each method's outcomes are saved as it finishes (runs/bench_attack/<model>-<items>-seed<seed>-budget<budget>/
 <method>.json), so methods can run in separate processes (or a stopped run can go on) and be reported
 together: with `--reuse`, a method whose outcomes are saved for the same model, items, budget and dtype is
-read from there instead of searched again; `--search-only` saves without writing the report.
+read from there instead of searched again; `--search-only` saves without writing the report. `--extend-from DIR`
+reads the outcomes saved in DIR for a shorter list (the same model, budget and dtype; its items the first of this
+list, as the seeded round-robin gives) and searches only the items after them: each item's search depends only on
+the seed, the item and the objective (`search_loop.item_rng`), so a longer list costs only its new items.
 """
 
 from __future__ import annotations
@@ -97,6 +100,12 @@ def save_method(result: MethodResult, folder: Path, setup: dict[str, Any]) -> No
         "main": [outcome_record(o) for o in result.main], "control": [outcome_record(o) for o in result.control]})
 
 
+def result_from(name: str, saved: dict[str, Any], items: list[Item]) -> MethodResult:
+    return MethodResult(name, [outcome_from(r, it) for r, it in zip(saved["main"], items, strict=True)],
+                        [outcome_from(r, it) for r, it in zip(saved["control"], items, strict=True)],
+                        saved["seconds"], saved["prompts"], saved["gradient_passes"])
+
+
 def load_method(name: str, folder: Path, setup: dict[str, Any], items: list[Item]) -> MethodResult | None:
     """A method's saved outcomes for this setup (None when none are saved)."""
     path = folder / f"{name}.json"
@@ -106,9 +115,29 @@ def load_method(name: str, folder: Path, setup: dict[str, Any], items: list[Item
     if saved["setup"] != setup:
         raise SystemExit(f"--reuse: {path} was measured on another setup (model, items, budget or dtype); "
                          "move it away to search again")
-    return MethodResult(name, [outcome_from(r, it) for r, it in zip(saved["main"], items, strict=True)],
-                        [outcome_from(r, it) for r, it in zip(saved["control"], items, strict=True)],
-                        saved["seconds"], saved["prompts"], saved["gradient_passes"])
+    return result_from(name, saved, items)
+
+
+def saved_prefix(name: str, folder: Path, setup: dict[str, Any], items: list[Item]) -> MethodResult | None:
+    """A method's outcomes saved for the first items of this list, same model, budget and dtype (--extend-from)."""
+    path = folder / f"{name}.json"
+    if not path.is_file():
+        return None
+    saved = read_json(path)
+    shorter = saved["setup"]
+    count = len(shorter["items"])
+    if ({k: v for k, v in shorter.items() if k != "items"} != {k: v for k, v in setup.items() if k != "items"}
+            or shorter["items"] != setup["items"][:count]):
+        raise SystemExit(f"--extend-from: {path} was not measured on the first items of this list with the same "
+                         "model, budget and dtype")
+    return result_from(name, saved, items[:count])
+
+
+def joined(first: MethodResult, rest: MethodResult) -> MethodResult:
+    """One method's outcomes on a list measured in two parts (costs added)."""
+    return MethodResult(first.name, first.main + rest.main, first.control + rest.control,
+                        first.seconds + rest.seconds, first.prompts + rest.prompts,
+                        first.gradient_passes + rest.gradient_passes)
 
 
 def held_out_ambiguous(model: str, bbq: Path, count: int, seed: int) -> list[Item]:
@@ -300,6 +329,8 @@ def main() -> None:
     parser.add_argument("--reuse", action="store_true", help="read methods saved for this setup instead of searching")
     parser.add_argument("--search-only", action="store_true", help="search and save the methods; no report")
     parser.add_argument("--saved", type=Path, default=SAVED, help="where each method's outcomes are saved")
+    parser.add_argument("--extend-from", type=Path,
+                        help="saved outcomes of a shorter list (its items first here): search only the rest")
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-fixed", action="store_true", help="skip the FLEX-style fixed attacks")
@@ -344,7 +375,12 @@ def main() -> None:
             print(f"{name}: read from {folder / name}.json", flush=True)
             results.append(saved)
             continue
-        results.append(run_method(name, items, scorer, budget))
+        first = saved_prefix(name, args.extend_from, setup, items) if args.extend_from else None
+        if first is None:
+            results.append(run_method(name, items, scorer, budget))
+        else:
+            print(f"{name}: the first {len(first.main)} items read from {args.extend_from / name}.json", flush=True)
+            results.append(joined(first, run_method(name, items[len(first.main):], scorer, budget)))
         save_method(results[-1], folder, setup)
         print(f"{name}: stereotype first successes {[o.first_success_query for o in results[-1].main]}, "
               f"control {[o.first_success_query for o in results[-1].control]}, {results[-1].seconds:.0f} s",

@@ -11,10 +11,12 @@ import pytest
 from benchmarks.bench_attack import (
     MethodResult,
     fixed_attacks,
+    joined,
     load_method,
     p_aim_at,
     queries_to_reach,
     save_method,
+    saved_prefix,
     success_at,
 )
 from flexsearch.attacks.templates import INSTRUCTION_FAMILIES
@@ -76,6 +78,27 @@ def test_saved_outcomes_read_back_for_their_setup_only(seed_items: list[Item], t
     assert load_method("random", tmp_path, setup, items) is None
     with pytest.raises(SystemExit, match="another setup"):
         load_method("default", tmp_path, {**setup, "budget": 200}, items)
+
+
+def test_a_shorter_lists_outcomes_extend_to_a_longer_list(seed_items: list[Item], tmp_path: Path) -> None:
+    items = seed_items[:3]
+    first = MethodResult("default", [outcome(items[0], 12, [(12, [0.1, 0.8, 0.1])])], [outcome(items[0], None, [])],
+                         10.0, 100, 0)
+    setup = {"model": "m", "items": [it.id for it in items], "budget": 100, "dtype": "float32"}
+    save_method(first, tmp_path, {**setup, "items": setup["items"][:1]})
+    prefix = saved_prefix("default", tmp_path, setup, items)
+    assert prefix is not None and [o.item.id for o in prefix.main] == [items[0].id]
+    rest = MethodResult("default", [outcome(it, None, []) for it in items[1:]],
+                        [outcome(it, 5, [(5, [0.8, 0.1, 0.1])]) for it in items[1:]], 5.0, 40, 0)
+    whole = joined(prefix, rest)
+    assert [o.item.id for o in whole.main] == [o.item.id for o in whole.control] == [it.id for it in items]
+    assert [o.first_success_query for o in whole.main] == [12, None, None]
+    assert (whole.seconds, whole.prompts) == (15.0, 140)
+    assert saved_prefix("random", tmp_path, setup, items) is None
+    with pytest.raises(SystemExit, match="first items"):  # saved for items that do not open this list
+        saved_prefix("default", tmp_path, {**setup, "items": setup["items"][1:]}, items[1:])
+    with pytest.raises(SystemExit, match="first items"):
+        saved_prefix("default", tmp_path, {**setup, "budget": 50}, items)
 
 
 def test_fixed_attacks_are_one_template_or_one_character_swap(seed_items: list[Item]) -> None:
