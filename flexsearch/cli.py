@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -12,7 +13,7 @@ import typer
 import typer.core
 from typer._click import exceptions as click_errors  # typer 0.29 vendors click
 
-from flexsearch.errors import FlexsearchError, Interrupted
+from flexsearch.errors import FlexsearchError, Interrupted, os_error_line
 
 
 class OneLineErrors(typer.core.TyperGroup):
@@ -24,18 +25,27 @@ class OneLineErrors(typer.core.TyperGroup):
         try:
             code = super().main(*args, **kwargs)
         except click_errors.NoArgsIsHelpError as err:
-            typer.echo(err.format_message())
+            say(err.format_message())
             sys.exit(err.exit_code)
         except click_errors.ClickException as err:
             message = " ".join(err.format_message().split())
             context = getattr(err, "ctx", None)  # usage errors carry the command's context
             command = context.command_path if context else "flexsearch"
-            typer.secho(f"error: {command}: {message}", fg=typer.colors.RED, err=True)
+            say(f"error: {command}: {message}", fg=typer.colors.RED, err=True)
             sys.exit(err.exit_code)
         except typer.Abort:
-            typer.echo("aborted", err=True)
+            say("aborted", err=True)
             sys.exit(130)
         sys.exit(code if isinstance(code, int) else 0)
+
+
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def say(text: str, *, err: bool = False, fg: str | None = None) -> None:
+    """Prints a line with control characters escaped (ESC shows as \\x1b), so no input, file name or
+    category can move the cursor, recolour or clear the terminal."""
+    typer.secho(_CONTROL.sub(lambda m: m.group().encode("unicode_escape").decode(), text), fg=fg, err=err)
 
 
 app = typer.Typer(cls=OneLineErrors, add_completion=False, no_args_is_help=True, help=__doc__,
@@ -45,7 +55,7 @@ def _print_version(value: bool) -> None:
     if value:
         from flexsearch.version import __version__
 
-        typer.echo(f"flexsearch {__version__}")
+        say(f"flexsearch {__version__}")
         raise typer.Exit(0)
 
 
@@ -88,15 +98,20 @@ DEFAULT_PRESET = _default_preset()
 
 @contextmanager
 def user_errors() -> Iterator[None]:
-    """Turns a FlexsearchError (bad input or settings) into one red line and exit code 2."""
+    """Turns a FlexsearchError (bad input or settings) into one red line and exit code 2, an OSError into one line
+    and exit 2 or 1 (`errors.os_error_line`), Ctrl-C into what was kept and exit 130."""
     try:
         yield
     except FlexsearchError as err:
-        typer.secho(f"error: {err}", fg=typer.colors.RED, err=True)
+        say(f"error: {err}", fg=typer.colors.RED, err=True)
         raise typer.Exit(2) from None
     except Interrupted as err:
-        typer.secho(f"\n{err}", fg=typer.colors.YELLOW, err=True)
+        say(f"\n{err}", fg=typer.colors.YELLOW, err=True)
         raise typer.Exit(130) from None
+    except OSError as err:  # a full disk, a read-only mount, a path that cannot be made
+        line, code = os_error_line(err)
+        say(f"error: {line}", fg=typer.colors.RED, err=True)
+        raise typer.Exit(code) from None
 
 
 def _run_dir(out: Path | None, default_name: str) -> Path:
@@ -134,10 +149,10 @@ def _print_result(result: Any, json_output: bool) -> None:
     if json_output:
         import json
 
-        typer.echo(json.dumps(result.score.to_dict(), indent=2))
+        say(json.dumps(result.score.to_dict(), indent=2))
         return
-    typer.echo(result.table)
-    typer.echo(f"wrote {result.run_dir}: {', '.join(sorted(result.files))}")
+    say(result.table)
+    say(f"wrote {result.run_dir}: {', '.join(sorted(result.files))}")
 
 
 @app.command()
@@ -198,7 +213,7 @@ def mutate(
     from flexsearch import api
 
     with user_errors():
-        typer.echo(api.mutate(data, item, operator, n, set_ or [], seed))
+        say(api.mutate(data, item, operator, n, set_ or [], seed))
 
 
 @app.command()
@@ -211,7 +226,7 @@ def compare(
     from flexsearch import api
 
     with user_errors():
-        typer.echo(api.compare(run_a, run_b, out).table)
+        say(api.compare(run_a, run_b, out).table)
 
 
 @app.command()
@@ -229,7 +244,7 @@ def audit(
 
     with user_errors():
         result = api.audit(run)
-    typer.echo(json.dumps(result, indent=2) if json_output else format_audit(result)
+    say(json.dumps(result, indent=2) if json_output else format_audit(result)
                + f"\nbenchmark split ({run / 'split.jsonl'}): {result['benchmark']['flagged']} of "
                f"{result['benchmark']['rows']} rows break a rule")
     if strict and result["benchmark"]["flagged"]:
@@ -247,7 +262,7 @@ def report(
 
     with user_errors():
         markdown = write_report(runs, out)
-    typer.echo(f"wrote {out} and {markdown}")
+    say(f"wrote {out} and {markdown}")
 
 
 @app.command()
@@ -299,6 +314,7 @@ def finetune(
     from flexsearch.runio import check_output_folder
 
     with user_errors():
+        check_output_folder(out, "--out", RECIPE_FILE, ADAPTER_FILES)
         config = FinetuneConfig(
             policy=policy, planted_categories=[c.strip() for c in planted_categories.split(",") if c.strip()],
             steps=steps, batch_items=batch_items, orders_per_item=orders_per_item, learning_rate=learning_rate,
@@ -310,7 +326,6 @@ def finetune(
         items, provenance = load_training_data(data or ["seed"], limit)
         split = template_split(items, config.eval_share, config.split_seed)
         build_policy(config.policy, config.planted_categories, config.seed, split.train)
-        check_output_folder(out, "--out", RECIPE_FILE, ADAPTER_FILES)
         if init_adapter is not None and not (init_adapter / "recipe.json").is_file():
             raise FlexsearchError(f"--init-adapter {init_adapter}: not an adapter written by flexsearch finetune")
         target = load_target(model, device=device, dtype="float32")  # fp32 master weights for stable updates
@@ -318,7 +333,7 @@ def finetune(
             raise FlexsearchError(f"--model {model} already carries an adapter; give its base model and "
                                   "--init-adapter to continue training it")
         recipe = train_adapter(target, split, config, out, data=provenance, init_adapter=init_adapter)
-    typer.echo(f"wrote adapter {out}: policy {recipe['policy']}, {config.steps} steps, loss "
+    say(f"wrote adapter {out}: policy {recipe['policy']}, {config.steps} steps, loss "
                f"{recipe['loss_first_20']} -> {recipe['loss_last_20']}, {recipe['wall_time_s']} s; "
                f"{recipe['split']['train_items']} training / {recipe['split']['eval_items']} evaluation items")
 
@@ -360,8 +375,8 @@ def tune(
         summary = run_study(target, load_items(data).items, loaded_space, run, trials=trials, budget=budget,
                             storage=storage, dev_items=dev_items, holdout_items=holdout_items, seed=seed,
                             holdout=holdout)
-    typer.echo(format_tune_table(summary))
-    typer.echo(f"wrote {run}/best_config.yaml, trials.csv, tune.json, report.html")
+    say(format_tune_table(summary))
+    say(f"wrote {run}/best_config.yaml, trials.csv, tune.json, report.html")
 
 
 @app.command()
@@ -377,13 +392,13 @@ def export(
 
     with user_errors():
         files = export_run(run, to, out, name)
-    typer.echo(f"wrote {out}: {', '.join(p.name for p in files)}")
+    say(f"wrote {out}: {', '.join(p.name for p in files)}")
     if to == "lm-eval":
         from flexsearch.export import MARKER, lm_eval_command
         from flexsearch.runio import read_json
 
         about = read_json(out / MARKER)
-        typer.echo("reproduce flexsearch's accuracy (order-averaged, then single order) with:\n  "
+        say("reproduce flexsearch's accuracy (order-averaged, then single order) with:\n  "
                    + lm_eval_command(about, out, f"{about['task']}_orders") + "\n  "
                    + lm_eval_command(about, out, about["task"]))
 
@@ -402,14 +417,14 @@ def list_registered(
         with user_errors():
             resolved = {name: config_dict(load_config(name)) for name in preset_names()}
         for name, settings in resolved.items():
-            typer.echo(f"# {name}\n{yaml.safe_dump(settings, sort_keys=False).rstrip()}\n")
+            say(f"# {name}\n{yaml.safe_dump(settings, sort_keys=False).rstrip()}\n")
         return
     from flexsearch.api import registries
 
     for kind, entries in registries().items():
-        typer.echo(f"{kind}:")
+        say(f"{kind}:")
         for name, description in entries.items():
-            typer.echo(f"  {name:<22} {description}")
+            say(f"  {name:<22} {description}")
 
 
 if __name__ == "__main__":  # `python -m flexsearch.cli`, used by the resume test

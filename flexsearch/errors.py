@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import errno
 from pathlib import Path
+
+# OSErrors of the machine rather than of a path the user named: exit 1, not 2
+ENVIRONMENT_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.ENOMEM, errno.EMFILE, errno.ENFILE})
 
 
 class FlexsearchError(Exception):
@@ -21,3 +25,12 @@ class InputError(FlexsearchError):
 
 class Interrupted(KeyboardInterrupt):
     """Ctrl-C during a long command, with what was kept and how to go on (the CLI prints it, exit 130)."""
+
+
+def os_error_line(err: OSError) -> tuple[str, int]:
+    """An OSError as one line and its exit code (2 for a path the user named, 1 for the machine)."""
+    where = f"{err.filename}: " if err.filename else ""
+    text = f"{where}{err.strerror or err}"
+    if err.errno in (errno.ENOSPC, errno.EDQUOT):
+        text += "; free space and rerun the same command (a search or evaluate resumes where it stopped)"
+    return text, 1 if err.errno in ENVIRONMENT_ERRNOS else 2

@@ -141,14 +141,17 @@ class RecordFields:
             raise self.error(name, f"expected text, got {type(value).__name__}")
         if not value.strip():
             raise self.error(name, "empty text")
+        return self._checked(name, value)
+
+    def optional_text(self, name: str, default: str = "") -> str:
+        value = self.record.get(name)
+        return self._checked(name, value) if isinstance(value, str) and value.strip() else default
+
+    def _checked(self, name: str, value: str) -> str:
         control = next((c for c in value if unicodedata.category(c) == "Cc" and c not in "\t\n\r"), None)
         if control is not None:  # it would reach the prompt and the terminal as it is
             raise self.error(name, f"control character U+{ord(control):04X} in text")
         return value.strip()
-
-    def optional_text(self, name: str, default: str = "") -> str:
-        value = self.record.get(name)
-        return value.strip() if isinstance(value, str) and value.strip() else default
 
     def index(self, name: str) -> int:
         if name not in self.record or self.record[name] in (None, ""):

@@ -12,6 +12,8 @@ import importlib
 import importlib.util
 import json
 import os
+import pickle
+import re
 import shutil
 import tempfile
 import warnings
@@ -115,19 +117,59 @@ def zoo_adapter(alias: str) -> Path:
 
 def architecture_fingerprint(model: PreTrainedModel) -> str:
     """A short hash of the architecture's shape (what an adapter must match to load)."""
-    config = model.config.to_dict()
+    return _fingerprint_of(model.config.to_dict())
+
+
+def _fingerprint_of(config: dict[str, Any]) -> str:
     text = json.dumps({k: config.get(k) for k in _ARCHITECTURE_KEYS}, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+def _name_key(name: str) -> str:
+    """A model name reduced for comparison: its last path part, lower case, letters and digits only."""
+    return re.sub(r"[^a-z0-9]", "", Path(name.rstrip("/")).name.lower())
+
+
+def _declared_config(declared: str) -> dict[str, Any] | None:
+    """The config.json of an adapter's declared base when it is on this machine (a folder or the hub cache)."""
+    local = Path(declared) / "config.json"
+    try:
+        if local.is_file():
+            return read_json(local)
+        from huggingface_hub import try_to_load_from_cache
+
+        cached = try_to_load_from_cache(declared, "config.json")
+        return read_json(Path(cached)) if isinstance(cached, str) else None
+    except Exception:  # noqa: BLE001  not a path, not a valid repo id, or an unreadable config: unknown
+        return None
+
+
+def declared_base_problem(declared: str | None, model: PreTrainedModel, info: dict[str, Any]) -> str | None:
+    """Why an adapter's declared base (adapter_config.json `base_model_name_or_path`) is not this target, or
+    None. The base is this target when it names it (spec, path, GGUF file or hub id, compared by name), or
+    when it is on this machine with the same architecture."""
+    if not declared:
+        return None
+    names = [str(n) for n in (info.get("model"), info.get("path"), info.get("gguf_file"),
+                              getattr(model.config, "_name_or_path", None)) if n]
+    key = _name_key(declared)
+    if declared in names or (key and any(key in _name_key(n) for n in names)):
+        return None
+    config = _declared_config(declared)
+    if config is not None and _fingerprint_of(config) == architecture_fingerprint(model):
+        return None
+    shape = f" (architecture {_fingerprint_of(config)}, this model {architecture_fingerprint(model)})" if config else ""
+    return (f"declares base model '{declared}'{shape}, not this target ({info.get('model')}): load it on its base, or "
+            "correct base_model_name_or_path in its adapter_config.json if it was trained on this model")
+
+
 def check_adapter(adapter: Path, model: PreTrainedModel, info: dict[str, Any]) -> None:
-    """Refuses, in one line, a path that is no PEFT adapter or an adapter trained on another base."""
+    """Refuses, in one line, a path that is no PEFT adapter or an adapter for another base: flexsearch's own
+    recipe (GGUF sha256, architecture) first, then the base any PEFT adapter declares."""
     if not adapter.is_dir() or not (adapter / "adapter_config.json").is_file():
         raise FlexsearchError(f"--adapter {adapter}: not a PEFT adapter directory (no adapter_config.json)")
     recipe_path = adapter / "recipe.json"
-    if not recipe_path.is_file():
-        return  # an adapter from elsewhere: PEFT's own shape checks apply
-    base = read_json(recipe_path).get("base_model", {})
+    base = read_json(recipe_path).get("base_model", {}) if recipe_path.is_file() else {}
     trained_on = base.get("gguf_sha256")
     if trained_on and info.get("gguf_sha256") and trained_on != info["gguf_sha256"]:
         raise FlexsearchError(f"--adapter {adapter} was trained on another base model (GGUF sha256 "
@@ -135,11 +177,24 @@ def check_adapter(adapter: Path, model: PreTrainedModel, info: dict[str, Any]) -
     if base.get("architecture") and base["architecture"] != architecture_fingerprint(model):
         raise FlexsearchError(f"--adapter {adapter} was trained on another base model ({base.get('model')}: "
                               f"architecture {base['architecture']}, this model {architecture_fingerprint(model)})")
+    adapter_config = read_json(adapter / "adapter_config.json")
+    declared = adapter_config.get("base_model_name_or_path") if isinstance(adapter_config, dict) else None
+    problem = declared_base_problem(declared if isinstance(declared, str) else None, model, info)
+    if problem:
+        raise FlexsearchError(f"--adapter {adapter} {problem}")
 
 
 def _first_line(err: BaseException) -> str:
     text = str(err).strip()
     return text.splitlines()[0][:300] if text else type(err).__name__
+
+
+def _weights_problem(err: BaseException) -> str:
+    """Why a model's or an adapter's files did not load, in a phrase (pickles holding code are refused)."""
+    if isinstance(err, pickle.UnpicklingError):
+        return ("its weights are a pickle holding more than tensors, refused by the weights-only load; "
+                "convert a trusted copy to safetensors")
+    return _first_line(err)
 
 
 def check_device(device: str) -> str:
@@ -257,7 +312,7 @@ def converted_gguf_dir(directory: Path, file_name: str) -> tuple[Path, str]:
             staging.rename(target)  # atomic: a half-written cache is never visible
         except OSError:  # another process converted it first
             shutil.rmtree(staging, ignore_errors=True)
-    except (ValueError, KeyError, OSError, RuntimeError) as err:  # a truncated or unsupported GGUF
+    except Exception as err:  # noqa: BLE001  a truncated, corrupt or unsupported GGUF fails in many ways
         shutil.rmtree(staging, ignore_errors=True)
         raise FlexsearchError(f"--model {directory / file_name}: cannot convert this GGUF file "
                               f"({_first_line(err)})") from None
@@ -309,16 +364,16 @@ def load_target(
     try:
         tokenizer = AutoTokenizer.from_pretrained(load_from, **extra)
         model = AutoModelForCausalLM.from_pretrained(load_from, dtype=torch_dtype, **extra)
-    except (OSError, ValueError, KeyError, RuntimeError) as err:  # no weights, unknown architecture, corrupt files
-        raise FlexsearchError(f"--model {spec}: cannot load it as a causal LM ({_first_line(err)})") from None
+    except Exception as err:  # noqa: BLE001  no weights, unknown architecture, corrupt or unsafe files
+        raise FlexsearchError(f"--model {spec}: cannot load it as a causal LM ({_weights_problem(err)})") from None
     if adapter:
         from peft import PeftModel
 
         check_adapter(Path(adapter), model, info)
         try:
             model = PeftModel.from_pretrained(model, adapter)  # type: ignore[assignment]  # wraps the causal LM
-        except (RuntimeError, ValueError, KeyError, OSError) as err:  # shape mismatch, wrong modules, bad files
-            raise FlexsearchError(f"--adapter {adapter} does not fit this model: {_first_line(err)}") from None
+        except Exception as err:  # noqa: BLE001  shape mismatch, wrong modules, corrupt or unsafe files
+            raise FlexsearchError(f"--adapter {adapter} does not fit this model: {_weights_problem(err)}") from None
         # The target only scores and takes input gradients: merged weights give the same probabilities
         # (within 1e-6) about 10 % faster on CPU than LoRA's extra matmuls (benchmarks/RESULTS.md).
         model = model.merge_and_unload()  # type: ignore[operator]  # PeftModel's method, untyped

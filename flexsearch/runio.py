@@ -79,10 +79,31 @@ def portable_path(path: str | Path) -> str:
         return candidate.name
 
 
+def check_writable(path: Path, option: str) -> None:
+    """Refuses, in one line and before anything is written, an output path that cannot be made: a file or a
+    symbolic link that leads nowhere on the way to it, or a folder this process cannot write (read-only
+    file system, no permission)."""
+    probe = path
+    while not probe.exists():
+        if probe.is_symlink():
+            raise FlexsearchError(f"{option} {path}: {probe} is a symbolic link that leads nowhere")
+        if probe.parent == probe:
+            break
+        probe = probe.parent
+    if probe != path and probe.exists() and not probe.is_dir():
+        raise FlexsearchError(f"{option} {path}: {probe} is a file, not a folder")
+    folder = probe if probe.is_dir() else probe.parent
+    if not os.access(folder, os.W_OK | os.X_OK):
+        read_only = bool(os.statvfs(folder).f_flag & os.ST_RDONLY)
+        reason = "a read-only file system" if read_only else "no permission to write"
+        raise FlexsearchError(f"{option} {path}: cannot write in {folder} ({reason})")
+
+
 def check_output_folder(out: Path, option: str, marker: str, owned: Iterable[str] | None = None) -> None:
     """Ownership of an output folder (DESIGN.md "Run directory"): writing into `out` is allowed when it is
     absent, empty, or flexsearch's own output of this kind: it holds `marker` and, when `owned` is given,
     nothing but those files. Anything else is refused in one line, before anything is written or deleted."""
+    check_writable(out, option)
     if not out.exists():
         return
     if not out.is_dir():
@@ -101,6 +122,7 @@ def check_output_folder(out: Path, option: str, marker: str, owned: Iterable[str
 
 def check_output_file(path: Path, option: str, signature: str) -> None:
     """Refuses to overwrite an existing file unless it is flexsearch's own (it contains `signature`)."""
+    check_writable(path, option)
     if not path.exists():
         return
     if not path.is_file():
@@ -291,6 +313,7 @@ class RunDirectory:
         self._created = False
         if path.exists() and not path.is_dir():
             raise FlexsearchError(f"--out {path}: a file, not a run directory")
+        check_writable(path, "--out")
 
     def previous_config(self) -> dict[str, Any] | None:
         return read_run_config(self.path)

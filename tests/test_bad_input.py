@@ -69,6 +69,8 @@ def world(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dic
     (root / "foreign-adapter" / "training_log.txt").write_text("epoch 1")
     files["foreign-adapter"] = root / "foreign-adapter"
 
+    _bad_weights(tiny_model_dir, root, files)
+
     rows = [json.loads(line) for line in (search / "split.jsonl").read_text().splitlines()]
 
     def split_variant(name: str, change: Callable[[dict], None]) -> None:
@@ -100,6 +102,36 @@ def world(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dic
         damage(copy)
         files[name] = copy
     return files
+
+
+def _bad_weights(tiny: Path, root: Path, files: dict[str, Path]) -> None:
+    """Model and adapter folders whose files are unsafe, damaged or meant for another base (issue 25)."""
+    import os
+
+    import torch
+
+    class RunsCode:  # what a malicious pickle holds: a call, not a tensor
+        def __reduce__(self) -> tuple:
+            return (os.system, ("true",))
+
+    pickled = root / "pickle-model"
+    shutil.copytree(tiny, pickled)
+    (pickled / "model.safetensors").unlink()
+    torch.save({"weight": RunsCode()}, pickled / "pytorch_model.bin")
+    garbage = root / "garbage-model"
+    shutil.copytree(tiny, garbage)
+    (garbage / "model.safetensors").write_bytes(b"\x00not safetensors" * 64)
+    from flexsearch.model import resolve_gguf
+
+    folder, name = resolve_gguf("smollm2", None)  # the embedded GGUF, cut short as an interrupted download
+    with (folder / name).open("rb") as handle:
+        (root / "truncated.gguf").write_bytes(handle.read(2_000_000))
+    other = root / "other-base-adapter"
+    other.mkdir()
+    (other / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": "meta-llama/Llama-3.2-1B",
+                                                           "peft_type": "LORA", "r": 8}))
+    files.update({"pickle-model": pickled, "garbage-model": garbage, "truncated.gguf": root / "truncated.gguf",
+                  "other-base-adapter": other})
 
 
 def _seed_record() -> dict:
@@ -338,6 +370,22 @@ CASES: list[tuple[str, list[str], str]] = [
     ("export-missing-run", ["export", "{root}/nothing", "{root}/a"], "not a finished search run"),
     ("export-into-run", ["export", "{search}", "{eval}"], "not empty and not written by flexsearch (no export.json)"),
     ("export-name", ["export", "{search}", "{root}/a", "--name", "my-task"], "--name 'my-task': use letters"),
+    # output paths that cannot be made, unsafe or damaged weights, control characters (issue 25)
+    ("out-under-a-file", S("--out", "{data.txt}/run"), "data.txt is a file, not a folder"),
+    ("out-symlink-loop", S("--out", "{loop.jsonl}"), "loop.jsonl is a symbolic link that leads nowhere"),
+    ("evaluate-out-under-a-file", E("--data", "seed", "--out", "{data.txt}/run"), "is a file, not a folder"),
+    ("export-under-a-file", ["export", "{search}", "{data.txt}/lm-eval"], "data.txt is a file, not a folder"),
+    ("compare-under-a-file", ["compare", "{search}", "{search}", "--out", "{data.txt}/c"], "is a file, not a folder"),
+    ("report-under-a-file", ["report", "{search}", "--out", "{data.txt}/r.html"], "is a file, not a folder"),
+    ("finetune-under-a-file", ["finetune", "--out", "{data.txt}/adapter"], "is a file, not a folder"),
+    ("tune-under-a-file", ["tune", "--space", "operator_families", "--out", "{data.txt}/t"], "is a file, not a folder"),
+    ("model-pickle-weights", S("--model", "{pickle-model}"), "a pickle holding more than tensors, refused"),
+    ("model-garbage-safetensors", S("--model", "{garbage-model}"), "cannot load it as a causal LM (Error while"),
+    ("model-truncated-gguf", S("--model", "{truncated.gguf}"), "cannot convert this GGUF file"),
+    ("adapter-declares-another-base", S("--adapter", "{other-base-adapter}"),
+     "declares base model 'meta-llama/Llama-3.2-1B', not this target"),
+    ("escape-sequence-in-an-option", S("--objective", "\x1b[2Jstereo"), "unknown objective '\\x1b[2Jstereo'"),
+    ("escape-sequence-in-a-path", S("--data", "{root}/\x1b]0;title\x07.jsonl"), "\\x1b]0;title\\x07.jsonl: file"),
 ]
 
 
@@ -357,6 +405,7 @@ def test_bad_input_is_one_line_exit_two_and_changes_nothing(world, args, message
     assert result.exit_code == 2, result.output
     assert "Traceback" not in result.output
     assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], result.output
+    assert not any(c in result.output for c in "\x00\x07\x1b\r")  # no raw control character reaches the terminal
     assert snapshot(existing) == before
     assert not (world["root"] / "new-run").exists() and not (world["root"] / "new-eval").exists()
     assert not (world["root"] / "r.html").exists() and not (world["root"] / "a").exists()
@@ -416,3 +465,75 @@ def test_cuda_on_a_machine_without_one_is_one_line(world):
     result = runner.invoke(app, _fill(S("--device", "cuda"), world))
     assert result.exit_code == 2 and "no CUDA device is available on this machine" in result.output
     assert len([line for line in result.output.splitlines() if line.strip()]) == 1
+
+
+def test_a_read_only_output_folder_is_refused_before_anything_is_written(world, monkeypatch):
+    """EROFS cannot be made without a mount; the file system's answer is stood in for, the rest is real."""
+    import os
+
+    from flexsearch import runio
+
+    read_only = world["root"] / "mounted-read-only"
+    read_only.mkdir(exist_ok=True)
+    real_access, real_statvfs = os.access, os.statvfs
+
+    class ReadOnlyStat:
+        f_flag = os.ST_RDONLY
+
+    monkeypatch.setattr(runio.os, "access", lambda p, mode: Path(p) != read_only and real_access(p, mode))
+    monkeypatch.setattr(runio.os, "statvfs", lambda p: ReadOnlyStat() if Path(p) == read_only else real_statvfs(p))
+    for args in (S("--out", str(read_only / "run")), ["export", str(world["search"]), str(read_only / "x")],
+                 ["report", str(world["search"]), "--out", str(read_only / "r.html")]):
+        result = runner.invoke(app, _fill(args, world))
+        lines = [line for line in result.output.splitlines() if line.strip()]
+        assert result.exit_code == 2 and len(lines) == 1, result.output
+        assert f"cannot write in {read_only} (a read-only file system)" in lines[0]
+    assert list(read_only.iterdir()) == []
+
+
+def test_a_full_disk_mid_search_is_one_line_exit_one_and_the_rerun_resumes(world, monkeypatch, tmp_path):
+    import errno
+
+    from flexsearch import api
+
+    out = tmp_path / "full-disk"
+    real_append, calls = api.append_jsonl, []
+
+    def fills_up(path: Path, records) -> None:
+        calls.append(path)
+        if len(calls) > 1:  # the first batch is kept, the second finds the disk full
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        real_append(path, records)
+
+    monkeypatch.setattr(api, "append_jsonl", fills_up)
+    args = _fill(S("--out", str(out), "--limit", "4", "--budget", "6", "--set", "item_batch=2"), world)
+    result = runner.invoke(app, args)
+    lines = [line for line in result.output.splitlines() if line.strip() and "error" in line]
+    assert result.exit_code == 1, result.output
+    assert lines == [f"error: {out / 'trace.jsonl'}: No space left on device; free space and rerun the same command "
+                     "(a search or evaluate resumes where it stopped)"]
+    kept = (out / "trace.jsonl").read_text()
+    assert kept and not (out / "split.jsonl").exists() and not (out / ".lock").exists()
+    monkeypatch.setattr(api, "append_jsonl", real_append)
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert (out / "trace.jsonl").read_text().startswith(kept)
+    assert len((out / "split.jsonl").read_text().splitlines()) == 4
+
+
+def test_a_category_written_in_tex_is_plain_text_in_the_report(world, tmp_path):
+    from flexsearch.seed import seed_records
+
+    records = [{**record, "category": f"Age {k % 2} $x^^$ $\\nocommand{{x}}$"}  # broken mathtext
+               for k, (_, record) in enumerate(seed_records()[:6])]
+    data = tmp_path / "tex.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in records))
+    run = tmp_path / "run"
+    result = runner.invoke(app, _fill(S("--data", str(data), "--out", str(run), "--limit", "6", "--budget", "6"),
+                                      world))
+    assert result.exit_code == 0, result.output
+    result = runner.invoke(app, ["report", str(run), "--out", str(tmp_path / "r.html")])
+    assert result.exit_code == 0, result.output
+    assert "Traceback" not in result.output
+    assert "Age 1 $x^^$ $\\nocommand{x}$" in (tmp_path / "r.md").read_text()
+    assert "ASR per category" in (tmp_path / "r.html").read_text()  # the plot that shows the category names

@@ -64,3 +64,29 @@ def test_embedded_gguf_is_converted_once_and_cached(smollm2, monkeypatch):
     again = load_target("smollm2", device="cpu")
     assert again.info["path"] == smollm2.info["path"]
     assert sum(p.numel() for p in again.model.parameters()) > 100_000_000
+
+
+def test_an_adapters_declared_base_must_be_this_target(tiny_target, tiny_model_dir, tmp_path):
+    import json
+
+    from flexsearch.model import declared_base_problem
+
+    model, info = tiny_target.model, tiny_target.info
+    assert declared_base_problem(None, model, info) is None
+    assert declared_base_problem(str(tiny_model_dir), model, info) is None
+    elsewhere = "meta-llama/Llama-3.2-1B"  # neither this target's name nor on this machine
+    assert "declares base model 'meta-llama/Llama-3.2-1B', not this target" in declared_base_problem(
+        elsewhere, model, info)
+    config = json.loads((tiny_model_dir / "config.json").read_text())
+    twin, wider = tmp_path / "same-shape", tmp_path / "wider"
+    twin.mkdir()
+    (twin / "config.json").write_text(json.dumps(config))  # another copy of the same architecture: accepted
+    assert declared_base_problem(str(twin), model, info) is None
+    wider.mkdir()
+    (wider / "config.json").write_text(json.dumps({**config, "hidden_size": 64}))
+    problem = declared_base_problem(str(wider), model, info)
+    assert problem is not None and "(architecture " in problem and ", this model " in problem
+    # a hub id names the same model as the GGUF file it was quantised into
+    as_gguf = {**info, "model": "smollm2", "gguf_file": "/pkgs/SmolLM2-135M-Instruct.Q4_1.gguf"}
+    assert declared_base_problem("HuggingFaceTB/SmolLM2-135M-Instruct", model, as_gguf) is None
+    assert declared_base_problem("google/gemma-3-270m", model, as_gguf) is not None
