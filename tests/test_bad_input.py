@@ -537,3 +537,33 @@ def test_a_category_written_in_tex_is_plain_text_in_the_report(world, tmp_path):
     assert "Traceback" not in result.output
     assert "Age 1 $x^^$ $\\nocommand{x}$" in (tmp_path / "r.md").read_text()
     assert "ASR per category" in (tmp_path / "r.html").read_text()  # the plot that shows the category names
+
+
+@pytest.mark.parametrize("bomb", [
+    # a 10-line mapping alias bomb: 9**9 nodes if expanded
+    "".join(f"l{k}: &l{k} {{{', '.join(f'k{j}: *l{k - 1}' for j in range(9))}}}\n" if k else "l0: &l0 {a: b}\n"
+            for k in range(10)),
+    # a list bomb inside a constraint's model setting (expanded by dataclasses.asdict once)
+    "a: &a [x, x, x, x, x, x, x, x, x]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a]\n"
+    "c: &c [*b, *b, *b, *b, *b, *b, *b, *b, *b]\nd: &d [*c, *c, *c, *c, *c, *c, *c, *c, *c]\n"
+    "constraints: [{name: similarity, model: [*d, *d, *d, *d, *d, *d, *d, *d, *d]}]\n",
+], ids=["mapping-bomb", "list-bomb-in-a-constraint"])
+def test_yaml_bombs_are_refused_at_once(bomb, tmp_path):
+    """Each is refused in well under a second; the alarm only guards against a hang."""
+    import signal
+    import time
+
+    from flexsearch.config import load_config
+    from flexsearch.errors import FlexsearchError
+
+    path = tmp_path / "bomb.yaml"
+    path.write_text(bomb)
+    signal.signal(signal.SIGALRM, lambda *_: pytest.fail("the YAML bomb hung the config loader"))
+    signal.alarm(60)
+    started = time.perf_counter()
+    try:
+        with pytest.raises(FlexsearchError, match="aliases .* are not allowed"):
+            load_config(str(path))
+    finally:
+        signal.alarm(0)
+    print(f"refused in {time.perf_counter() - started:.4f} s")
