@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from flexsearch.attacks.base import CONSTRAINTS, AttackResources, Position
+from flexsearch.attacks.base import CONSTRAINTS, AttackResources, Position, refuse_settings
 from flexsearch.audit import names_option
 from flexsearch.candidate import WORD_FIELDS, Candidate
 from flexsearch.items import Item
@@ -119,7 +119,14 @@ class EditBudget:
     """Rejects candidates with more word edits than a share of the item's editable words."""
 
     def __init__(self, resources: AttackResources, max_share: float = 0.25) -> None:
+        refuse_settings("edit_budget", self.settings_problem(max_share=max_share))
         self.max_share = max_share
+
+    @staticmethod
+    def settings_problem(max_share: float = 0.25, **_: object) -> str | None:
+        if not 0 < max_share <= 1:
+            return f"max_share is a share of the item's editable words, in (0, 1], got {max_share}"
+        return None
 
     def accept(self, candidates: Sequence[Candidate]) -> list[bool]:
         out = []
@@ -187,9 +194,17 @@ class SentenceSimilarity:
     """Rejects word edits whose context+question drifts below a cosine similarity to the original."""
 
     def __init__(self, resources: AttackResources, threshold: float = 0.8, model: str | None = None) -> None:
+        refuse_settings("similarity", self.settings_problem(threshold=threshold))
         self.threshold = threshold
         self.encoder = sentence_encoder(model or default_encoder_path())
         self._cache: dict[str, np.ndarray] = {}
+
+    @staticmethod
+    def settings_problem(threshold: float = 0.8, **_: object) -> str | None:
+        if not -1 <= threshold < 1:  # a cosine similarity; at 1 or above every edit is rejected by construction
+            return (f"threshold is a cosine similarity in [-1, 1) (at 1 or above no word edit could pass), "
+                    f"got {threshold}")
+        return None
 
     def _embed(self, texts: list[str]) -> np.ndarray:
         missing = [t for t in dict.fromkeys(texts) if t not in self._cache]

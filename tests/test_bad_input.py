@@ -289,6 +289,10 @@ CASES: list[tuple[str, list[str], str]] = [
     ("set-alias", S("--set", "operators=[&p {name: persona}, *p]"), "aliases (*p) are not allowed"),
     ("operators-empty", S("--set", "operators=[]"), "a search needs at least one operator"),
     ("threshold-nan", S("--set", "constraints=[{name: similarity, threshold: .nan}]"), "must be a finite number"),
+    ("threshold-rejects-every-edit", S("--set", "constraints=[{name: similarity, threshold: 1}]"),
+     "constraints[0] (similarity): threshold is a cosine similarity in [-1, 1) (at 1 or above no word edit"),
+    ("edit-budget-zero", S("--set", "constraints=[{name: edit_budget, max_share: 0}]"),
+     "constraints[0] (edit_budget): max_share is a share of the item's editable words, in (0, 1], got 0"),
     ("seed-negative", S("--seed", "-1"), "Invalid value for '--seed'"),
     ("data-control-character", E("--data", "{escape.jsonl}"), "escape.jsonl:1: field 'context': control character "
                                                                 "U+001B"),
