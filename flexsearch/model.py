@@ -7,6 +7,8 @@ well under a second.
 
 from __future__ import annotations
 
+import ctypes
+import gc
 import hashlib
 import importlib
 import importlib.util
@@ -300,14 +302,8 @@ def converted_gguf_dir(directory: Path, file_name: str) -> tuple[Path, str]:
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".converting-", dir=target.parent))
     try:
-        tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=file_name)
-        model = AutoModelForCausalLM.from_pretrained(directory, gguf_file=file_name, dtype=torch.float32)
-        # The weights are dequantized already; drop the GGUF marker so they save as plain tensors.
-        model.hf_quantizer = None  # type: ignore[assignment]
-        if hasattr(model.config, "quantization_config"):
-            del model.config.quantization_config
-        model.save_pretrained(staging)
-        tokenizer.save_pretrained(staging)
+        _save_dequantized(directory, file_name, staging)
+        release_freed_memory()  # the dequantized copy is dropped: the run must not carry its heap
         try:
             staging.rename(target)  # atomic: a half-written cache is never visible
         except OSError:  # another process converted it first
@@ -320,6 +316,29 @@ def converted_gguf_dir(directory: Path, file_name: str) -> tuple[Path, str]:
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return target, sha
+
+
+def _save_dequantized(directory: Path, file_name: str, staging: Path) -> None:
+    """Dequantizes a GGUF model to float32 and saves it (with its tokenizer) as a Hugging Face folder: the
+    tokenizer first and freed before the weights load, so the two never hold memory together."""
+    AutoTokenizer.from_pretrained(directory, gguf_file=file_name).save_pretrained(staging)
+    release_freed_memory()
+    model = AutoModelForCausalLM.from_pretrained(directory, gguf_file=file_name, dtype=torch.float32)
+    # The weights are dequantized already; drop the GGUF marker so they save as plain tensors.
+    model.hf_quantizer = None  # type: ignore[assignment]
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.save_pretrained(staging)
+
+
+def release_freed_memory() -> None:
+    """Collects garbage and hands freed heap back to the system (glibc keeps it otherwise: after gemma3's
+    first load, with its GGUF conversion, about 0.65 GB held for the whole run; benchmarks/RESULTS.md "Memory")."""
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: nothing to trim
+        pass
 
 
 def load_target(
@@ -379,6 +398,7 @@ def load_target(
         model = model.merge_and_unload()  # type: ignore[operator]  # PeftModel's method, untyped
         info["adapter"] = str(Path(adapter).resolve())
     model.to(device).eval()  # type: ignore[arg-type]  # transformers' wrapper hides the bound method
+    release_freed_memory()  # what loading, merging and any conversion left behind
     tokenizer.padding_side = "left"
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
