@@ -4,6 +4,7 @@ smaller commands). The CLI is a thin layer over these functions."""
 from __future__ import annotations
 
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -377,18 +378,40 @@ def _opened_run(out: Path, resolved: dict[str, Any], target: Target) -> Iterator
 
 
 def _loaded_scorer(target: Target, scoring: dict[str, Any]) -> Scorer:
-    """Loads the target, saying so on a terminal first: a first load (a GGUF's conversion) takes tens of
-    seconds before any progress bar can move. Not in logs and pipes, where a bad model's error stays the
-    only line."""
-    started, talk = time.perf_counter(), sys.stderr.isatty()
-    if talk:
-        adapter = f" + adapter {target.adapter}" if target.adapter else ""
-        tqdm.write(f"loading model {target.model}{adapter} ...", file=sys.stderr)
-    scorer = build_scorer(target.arguments(), scoring)
-    if talk:
-        tqdm.write(f"loaded {target.model} in {time.perf_counter() - started:.1f} s "
-                   f"({scorer.target.info.get('device')}, {scorer.target.info.get('dtype')})", file=sys.stderr)
+    """Loads the target under a ticking bar on a terminal: a first load (a GGUF's conversion) takes tens of
+    seconds before any progress bar of the work can move. Not in logs and pipes, where a bad model's error
+    stays the only line."""
+    adapter = f" + adapter {target.adapter}" if target.adapter else ""
+    with elapsed_bar(f"loading model {target.model}{adapter}") as bar:
+        scorer = build_scorer(target.arguments(), scoring)
+        if bar is not None:
+            bar.set_description_str(f"loaded {target.model}{adapter} ({scorer.target.info.get('device')}, "
+                                    f"{scorer.target.info.get('dtype')})")
     return scorer
+
+
+@contextmanager
+def elapsed_bar(description: str, tick_s: float = 0.5) -> Iterator[tqdm | None]:
+    """A bar showing the seconds spent, redrawn every `tick_s` on a terminal, for work without steps (a model
+    load); None and silent elsewhere."""
+    if not sys.stderr.isatty():
+        yield None
+        return
+    bar = tqdm(total=None, desc=description, bar_format="{desc}: {elapsed}", file=sys.stderr, leave=True)
+    stop = threading.Event()
+
+    def tick() -> None:
+        while not stop.wait(tick_s):
+            bar.refresh()
+
+    ticker = threading.Thread(target=tick, daemon=True)
+    ticker.start()
+    try:
+        yield bar
+    finally:
+        stop.set()
+        ticker.join()
+        bar.close()
 
 
 def registries() -> dict[str, dict[str, str]]:

@@ -111,3 +111,28 @@ def test_readme_api_snippet_runs(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     assert (tmp_path / "runs" / "api-demo" / "split.jsonl").is_file()
     assert "fairness gap" not in done.stderr and "split.jsonl" in done.stdout
+
+
+def test_a_model_load_shows_a_ticking_bar_on_a_terminal_only(monkeypatch):
+    import io
+    import sys
+    import time
+
+    from flexsearch.api import elapsed_bar
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    terminal = Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    with elapsed_bar("loading model m", tick_s=0.05) as bar:
+        time.sleep(1.2)
+        assert bar is not None
+    drawn = terminal.getvalue()
+    assert "loading model m: 00:00" in drawn and "loading model m: 00:01" in drawn  # redrawn while it waited
+    pipe = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", pipe)
+    with elapsed_bar("loading model m") as bar:
+        assert bar is None
+    assert pipe.getvalue() == ""
