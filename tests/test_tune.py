@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import optuna
@@ -100,20 +99,34 @@ def test_two_workers_share_one_study(tiny_model_dir, tmp_path):
     assert complete and all("asr" in t.user_attrs for t in complete)
 
 
+# `flexsearch tune` in a process that kills itself (kill -9) as its second trial starts: the first trial is
+# stored, the second is not; a deterministic point, where killing from outside raced the study's end.
+KILLED_AT_THE_SECOND_TRIAL = """
+import os, signal
+import flexsearch.tune as tune
+from flexsearch.cli import app
+evaluate, calls = tune.evaluate_config, []
+def evaluate_or_die(*args, **kwargs):
+    calls.append(args)
+    if len(calls) == 2:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return evaluate(*args, **kwargs)
+tune.evaluate_config = evaluate_or_die
+app()
+"""
+
+
 def test_grid_ablation_resumes_after_a_kill_and_runs_every_combination_on_eligible_items(tiny_model_dir, tmp_path):
     space = tmp_path / "grid.yaml"
     space.write_text(yaml.safe_dump({"base": "templates_only", "sampler": "grid", "pruning": False, "params": {
         "operators.persona": {"categorical": [True, False]}, "operators.instruction": {"categorical": [True, False]}}}))
     out = tmp_path / "grid"
     args = tune_args(tiny_model_dir, space, out, 10, "--no-holdout")
-    worker = subprocess.Popen([sys.executable, "-m", "flexsearch.cli", *args], env={**os.environ, "TQDM_DISABLE": "1"},
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    worker = subprocess.Popen([sys.executable, "-c", KILLED_AT_THE_SECOND_TRIAL, *args],
+                              env={**os.environ, "TQDM_DISABLE": "1"}, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
+    assert worker.wait(timeout=600) == -signal.SIGKILL  # the limit only guards against a hang
     storage = f"sqlite:///{out / 'study.db'}"
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and worker.poll() is None and not completed(storage):
-        time.sleep(0.05)
-    worker.send_signal(signal.SIGKILL)
-    worker.wait()
     assert not (out / "tune.json").exists()  # interrupted before the study finished
     assert completed(storage) >= 1
     result = runner.invoke(app, args)
