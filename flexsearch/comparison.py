@@ -16,7 +16,7 @@ import numpy as np
 
 from flexsearch.errors import FlexsearchError
 from flexsearch.metrics import BOOTSTRAP_SAMPLES, holm, proportion, with_interval
-from flexsearch.objectives import SUCCESS_MARGIN
+from flexsearch.objectives import SUCCESS_MARGIN, aim_lead, eligible_mask
 from flexsearch.runio import (
     CONFIG,
     PREDICTIONS,
@@ -142,12 +142,7 @@ def _wins(t: RunTable, idx: np.ndarray, attacked: np.ndarray | None, clean: np.n
     and the aim ahead of both other answers by more than the success margin (objectives' success rule)."""
     if attacked is None or clean is None:
         return None
-    eligible = (clean[idx].argmax(-1) == t.gold[idx]) & (aim[idx] != t.gold[idx])
-    rows = np.arange(len(idx))
-    p_aim = attacked[idx][rows, aim[idx]]
-    others = attacked[idx].copy()
-    others[rows, aim[idx]] = -np.inf
-    return eligible, p_aim - others.max(-1) > t.margin
+    return eligible_mask(clean[idx], t.gold[idx], aim[idx]), aim_lead(attacked[idx], aim[idx]) > t.margin
 
 
 def _asr(t: RunTable, idx: np.ndarray, attacked: np.ndarray | None, clean: np.ndarray | None,

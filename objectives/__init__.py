@@ -55,8 +55,7 @@ class _Targeted:
 
     def lead(self, probs: np.ndarray, item: Item) -> float:
         """P(target) − the largest other answer's probability."""
-        target = self.target_answer(item)
-        return float(probs[target] - max(probs[k] for k in range(3) if k != target))
+        return float(aim_lead(probs[None], np.array([self.target_answer(item)]))[0])
 
     def value(self, probs: np.ndarray, item: Item) -> float:
         target = self.target_answer(item)
@@ -106,10 +105,24 @@ class Untargeted:
         return float(max(probs[k] for k in range(3) if k != item.gold) - probs[item.gold]) > self.margin
 
 
+def aim_lead(probs: np.ndarray, aim: np.ndarray) -> np.ndarray:
+    """Per row of (n, 3) probabilities: P(aim) − the largest other answer's probability (a targeted
+    objective's success is a lead above the margin; `compare` resamples it vectorised)."""
+    rows = np.arange(len(aim))
+    others = np.array(probs, dtype=float, copy=True)
+    others[rows, aim] = -np.inf
+    return probs[rows, aim] - others.max(-1)
+
+
+def eligible_mask(clean_probs: np.ndarray, gold: np.ndarray, aim: np.ndarray) -> np.ndarray:
+    """Per row: attack-eligible (see attack_eligible), vectorised."""
+    return (clean_probs.argmax(-1) == gold) & (aim != gold)
+
+
 def attack_eligible(objective: Objective, item: Item, clean_probs: np.ndarray) -> bool:
     """Whether an item counts toward ASR: answered correctly when clean, and its gold answer is not
     the objective's target (flipping to the gold answer is no attack)."""
-    return int(np.argmax(clean_probs)) == item.gold and objective.target_answer(item) != item.gold
+    return bool(eligible_mask(clean_probs[None], np.array([item.gold]), np.array([objective.target_answer(item)]))[0])
 
 
 def attack_succeeded(objective: Objective, item: Item, clean_probs: np.ndarray, attacked_probs: np.ndarray) -> bool:
