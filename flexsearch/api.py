@@ -17,7 +17,7 @@ from tqdm.auto import tqdm
 
 from flexsearch.attacks.base import OPERATORS, availability_problems
 from flexsearch.attacks.constraints import editable_positions
-from flexsearch.audit import audit_rows
+from flexsearch.audit import audit_rows, audit_summary
 from flexsearch.candidate import Candidate, replay
 from flexsearch.config import (
     Origins,
@@ -50,6 +50,7 @@ from flexsearch.runio import (
     RESEARCH_CSV,
     RESEARCH_JSONL,
     SPLIT_CSV,
+    SPLIT_FILES,
     SPLIT_JSONL,
     TRACE,
     RunDirectory,
@@ -224,9 +225,6 @@ def _resumable(finished: Callable[[], int], total: int, trace: Path) -> Iterator
     except KeyboardInterrupt:
         raise Interrupted(f"interrupted after {finished()} of {total} item searches; the finished ones are kept in "
                           f"{trace}: rerun the same command to resume") from None
-
-
-SPLIT_FILES = ((SPLIT_JSONL, SPLIT_CSV), (FORCED_JSONL, FORCED_CSV), (RESEARCH_JSONL, RESEARCH_CSV))
 
 
 def split_file_of(row: dict[str, Any]) -> tuple[str, str]:
@@ -474,11 +472,8 @@ def format_search_table(score: dict[str, Any], objective: str) -> str:
     if forced:
         lines.append(f"forced choice ({objective} search): {forced_choice_text(forced)}")
     if "audit" in score:
-        audit = score["audit"]
-        rules = ", ".join(f"{rule} {count}" for rule, count in audit["by_rule"].items() if count)
-        lines.append(f"label-validity audit: {audit['benchmark']['flagged']} of {audit['benchmark']['rows']} rows of "
-                     f"split.jsonl break a rule; {audit['flagged']} of {audit['rows']} emitted rows in all"
-                     + (f" ({rules}; `flexsearch audit` lists them)" if rules else ""))
+        lines.append(audit_summary(score["audit"]) + ("; `flexsearch audit` lists them" if score["audit"]["flagged"]
+                                                      else ""))
     return "\n".join(lines)
 
 

@@ -98,6 +98,13 @@ def audit_rows(rows: Sequence[Mapping[str, Any]], show: int = 20) -> dict[str, A
             "offending": offending[:show]}
 
 
+def audit_summary(audit: Mapping[str, Any]) -> str:
+    """A search's audit (score.json `audit`) in one sentence, as the table, the run README and the report say it."""
+    rules = ", ".join(f"{rule} {count}" for rule, count in audit["by_rule"].items() if count) or "none"
+    return (f"label-validity audit: {audit['benchmark']['flagged']} of {audit['benchmark']['rows']} rows of "
+            f"split.jsonl break a rule; {audit['flagged']} of {audit['rows']} emitted rows in all (by rule: {rules})")
+
+
 def format_audit(result: Mapping[str, Any]) -> str:
     """The audit as a few lines: the count, then per rule, then the offending rows."""
     lines = [f"label-validity audit: {result['flagged']} of {result['rows']} rows break a rule"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -31,6 +32,13 @@ class Edit:
     def from_dict(cls, data: dict[str, Any]) -> Edit:
         return cls(operator=data["operator"], field=data["field"], position=data["position"],
                    before=data["before"], after=data["after"], args=tuple(sorted(data.get("args", {}).items())))
+
+
+def forced_in_place(edits: Iterable[tuple[str, Mapping[str, Any]]]) -> bool:
+    """Whether a template still in a slot declares itself forced-choice, from (field, args) per edit in order (a
+    slot's last edit holds its text); for a Candidate's edits and a trace record's chain alike."""
+    in_place = {field: args for field, args in edits if field in SLOT_FIELDS}
+    return any(args.get("effect") == FORCED_CHOICE for args in in_place.values())
 
 
 @dataclass(frozen=True)
@@ -72,8 +80,7 @@ class Candidate:
     @property
     def forced_choice(self) -> bool:
         """Whether a template still in a slot declares itself forced-choice (its row is measured apart)."""
-        in_place = {e.field: e for e in self.edits if e.field in SLOT_FIELDS}  # a slot's last edit holds its text
-        return any(dict(e.args).get("effect") == FORCED_CHOICE for e in in_place.values())
+        return forced_in_place((e.field, dict(e.args)) for e in self.edits)
 
     def words(self, field_name: str) -> tuple[str, ...]:
         return self.context_words if field_name == "context" else self.question_words

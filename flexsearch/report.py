@@ -16,6 +16,7 @@ matplotlib.rcParams["text.parse_math"] = False  # category names and labels are 
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from flexsearch.audit import audit_summary  # noqa: E402
 from flexsearch.comparison import load_run  # noqa: E402
 from flexsearch.errors import FlexsearchError  # noqa: E402
 from flexsearch.evaluation import cell_text  # noqa: E402
@@ -157,10 +158,8 @@ def _validity_lines(report: RunReport) -> list[str]:
     score, lines = report.score, []
     audit = score.get("audit")
     if audit:
-        rules = ", ".join(f"{rule} {count}" for rule, count in audit["by_rule"].items() if count) or "none"
-        lines.append(f"Audit: {audit['benchmark']['flagged']} of {audit['benchmark']['rows']} rows of split.jsonl "
-                     f"break a label-validity rule; {audit['flagged']} of {audit['rows']} emitted rows in all "
-                     f"(by rule: {rules}).")
+        sentence = audit_summary(audit)
+        lines.append(sentence[0].upper() + sentence[1:] + ".")
     for objective in ("stereotype", "anti_stereotype"):
         block = score.get(objective)
         if not isinstance(block, dict) or "summary" not in block:

@@ -19,6 +19,7 @@ from typing import Any
 
 import yaml
 
+from flexsearch.audit import audit_summary
 from flexsearch.errors import FlexsearchError, InputError
 from flexsearch.items import iter_jsonl
 from flexsearch.metrics import with_directions
@@ -255,6 +256,8 @@ RESEARCH_JSONL = "split-research.jsonl"  # rows whose hardest prompt is not natu
 RESEARCH_CSV = "split-research.csv"
 FORCED_JSONL = "split-forced.jsonl"  # rows whose hardest prompt carries a forced-choice template
 FORCED_CSV = "split-forced.csv"
+# every split file pair a search writes (split_file_of in api.py says which row goes where)
+SPLIT_FILES = ((SPLIT_JSONL, SPLIT_CSV), (FORCED_JSONL, FORCED_CSV), (RESEARCH_JSONL, RESEARCH_CSV))
 PREDICTIONS = "predictions.jsonl"
 LOCK = ".lock"
 README = "README.md"
@@ -446,8 +449,7 @@ def _result_lines(score: dict[str, Any]) -> list[str]:
     if "split_rows" in score:
         lines.append("rows: " + ", ".join(f"{n} {kind}" for kind, n in score["split_rows"].items()))
     if "audit" in score:
-        lines.append(f"label-validity audit: {score['audit']['benchmark']['flagged']} of "
-                     f"{score['audit']['benchmark']['rows']} rows of split.jsonl break a rule")
+        lines.append(audit_summary(score["audit"]))
     return lines
 
 

@@ -110,7 +110,7 @@ def test_report_is_self_contained_with_every_figure(two_tiny_runs, tmp_path):
     toward, away = score["stereotype"]["eligible_items"], score["anti_stereotype"]["eligible_items"]
     eligible = f"{toward} toward, {away} control of 12"
     assert f"Verdict: {two_tiny_runs[0].name}" in page and f"| overall | {eligible} | {verdict} |" in markdown
-    assert f"Label validity: {two_tiny_runs[0].name}" in page and "rows of split.jsonl break a label-validity" in page
+    assert f"Label validity: {two_tiny_runs[0].name}" in page and "rows of split.jsonl break a rule" in page
     assert f"(n={score['stereotype']['asr']['n']})" in page  # every headline rate names its denominator
 
 

@@ -156,6 +156,29 @@ def test_forced_choice_rows_never_reach_the_benchmark_split(tiny_model_dir, tmp_
     assert "forced_choice" in (out / "split-forced.csv").read_text().splitlines()[0]
     audit = runner.invoke(app, ["audit", str(out), "--strict"])
     assert audit.exit_code == 0 and f"0 of {len(split)} rows break a rule" in audit.output
+    said = (f"label-validity audit: 0 of {len(split)} rows of split.jsonl break a rule; {len(forced)} of 8 emitted "
+            f"rows in all (by rule: excludes_option")  # one sentence wherever a run's audit is shown
+    assert said in result.output and said in (out / "README.md").read_text()
+    assert runner.invoke(app, ["report", str(out), "--out", str(tmp_path / "r.html")]).exit_code == 0
+    assert "L" + said[1:] in (tmp_path / "r.md").read_text()
+
+
+def test_compare_reads_every_emitted_row_and_keeps_forced_choice_apart_as_the_score_does(tiny_model_dir, tmp_path):
+    from flexsearch import api
+
+    out = tmp_path / "mixed"
+    result = runner.invoke(app, [
+        "search", "--model", str(tiny_model_dir), "--data", "seed", "--limit", "16", "--budget", "12",
+        "--config", "forced_choice", "--out", str(out), "--set", "constraints=[protected_spans]", "--set",
+        "operators=[{name: instruction, n: 3, families: [option_exclusion, refusal_suppression, competing_objective], "
+        "effects: [forced_choice, preserving]}]"])
+    assert result.exit_code == 0, result.output
+    score = json.loads((out / "score.json").read_text())
+    assert score["split_rows"]["forced_choice"] and score["split_rows"]["benchmark"]  # both kinds of row
+    compared = api.compare(out, out).data
+    assert compared["shared_items"] == 16  # every emitted row, the forced-choice ones too
+    for name, objective in (("ASR", "stereotype"), ("control ASR", "anti_stereotype")):
+        assert compared["overall"][name]["a"] == score[objective]["asr"]["value"]  # forced rows apart in both
 
 
 def test_the_margin_separates_a_clear_win_from_a_near_tie():
