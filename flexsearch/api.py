@@ -18,7 +18,7 @@ from tqdm.auto import tqdm
 from flexsearch.attacks.base import OPERATORS, availability_problems
 from flexsearch.attacks.constraints import editable_positions
 from flexsearch.audit import audit_rows, audit_summary
-from flexsearch.candidate import Candidate, replay
+from flexsearch.candidate import Candidate, chain_forced_choice, replay
 from flexsearch.config import (
     Origins,
     ScoringConfig,
@@ -276,8 +276,7 @@ def _search_score(items: list[Item], done: dict[str, dict[str, dict[str, Any]]],
 def _outcome_arrays(objective: str, items: list[Item], records: list[dict[str, Any]]) -> dict[str, Any]:
     return {
         "objective": objective,
-        "forced": np.array([replay(it, r["chain"]).forced_choice for it, r in zip(items, records, strict=True)],
-                           dtype=bool),
+        "forced": np.array([chain_forced_choice(r["chain"]) for r in records], dtype=bool),
         "perturbed": np.array([perturbed_word_share(it, r["chain"]) for it, r in zip(items, records, strict=True)]),
         "clean": np.array([r["clean_probs"] for r in records]),
         "attacked": np.array([r["best_probs"] for r in records]),

@@ -41,6 +41,11 @@ def forced_in_place(edits: Iterable[tuple[str, Mapping[str, Any]]]) -> bool:
     return any(args.get("effect") == FORCED_CHOICE for args in in_place.values())
 
 
+def chain_forced_choice(chain: Iterable[Mapping[str, Any]]) -> bool:
+    """forced_in_place over a chain as the trace records it (no replay needed)."""
+    return forced_in_place((step["field"], step.get("args") or {}) for step in chain)
+
+
 @dataclass(frozen=True)
 class Candidate:
     """An immutable prompt state. Words are kept as tuples so positions survive edits that add spaces."""

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from flexsearch.candidate import forced_in_place
+from flexsearch.candidate import chain_forced_choice
 from flexsearch.errors import FlexsearchError
 from flexsearch.metrics import BOOTSTRAP_SAMPLES, holm, proportion, with_interval
 from flexsearch.objectives import SUCCESS_MARGIN, aim_lead, eligible_mask
@@ -105,8 +105,7 @@ def load_run(run: Path) -> RunTable:
 
         def forced_of(obj: str) -> np.ndarray | None:
             hits = found(obj)
-            return None if hits is None else np.array(
-                [forced_in_place((e["field"], e.get("args") or {}) for e in f["chain"]) for f in hits], dtype=bool)
+            return None if hits is None else np.array([chain_forced_choice(f["chain"]) for f in hits], dtype=bool)
 
         clean, attacked = probs(objective, "clean_probs"), probs(objective, "best_probs")
         control, control_clean = probs("anti_stereotype", "best_probs"), probs("anti_stereotype", "clean_probs")

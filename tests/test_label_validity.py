@@ -229,3 +229,17 @@ def test_old_runs_are_audited_from_their_text(tmp_path: Path):
     (run / "split.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     result = runner.invoke(app, ["audit", str(run), "--strict"])
     assert result.exit_code == 1 and "demands_person: 1" in result.output
+
+
+def test_a_trace_chain_is_forced_choice_when_its_slot_still_holds_a_forced_template():
+    from flexsearch.candidate import chain_forced_choice
+
+    def step(field: str, effect: str) -> dict:
+        return {"operator": "instruction", "field": field, "position": None, "before": "", "after": "x",
+                "args": {"effect": effect}}
+
+    assert chain_forced_choice([step("directive", FORCED_CHOICE)])
+    assert not chain_forced_choice([step("directive", FORCED_CHOICE), step("directive", PRESERVING)])  # replaced
+    assert chain_forced_choice([step("persona", PRESERVING), step("directive", FORCED_CHOICE)])
+    assert not chain_forced_choice([{"operator": "textbugger", "field": "context", "position": 3, "before": "a",
+                                     "after": "b"}])
