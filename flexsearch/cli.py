@@ -245,8 +245,8 @@ def audit(
     with user_errors():
         result = api.audit(run)
     say(json.dumps(result, indent=2) if json_output else format_audit(result)
-               + f"\nbenchmark split ({run / 'split.jsonl'}): {result['benchmark']['flagged']} of "
-               f"{result['benchmark']['rows']} rows break a rule")
+        + f"\nbenchmark split ({run / 'split.jsonl'}): {result['benchmark']['flagged']} of "
+        f"{result['benchmark']['rows']} rows break a rule")
     if strict and result["benchmark"]["flagged"]:
         raise typer.Exit(1)
 
@@ -334,8 +334,8 @@ def finetune(
                                   "--init-adapter to continue training it")
         recipe = train_adapter(target, split, config, out, data=provenance, init_adapter=init_adapter)
     say(f"wrote adapter {out}: policy {recipe['policy']}, {config.steps} steps, loss "
-               f"{recipe['loss_first_20']} -> {recipe['loss_last_20']}, {recipe['wall_time_s']} s; "
-               f"{recipe['split']['train_items']} training / {recipe['split']['eval_items']} evaluation items")
+        f"{recipe['loss_first_20']} -> {recipe['loss_last_20']}, {recipe['wall_time_s']} s; "
+        f"{recipe['split']['train_items']} training / {recipe['split']['eval_items']} evaluation items")
 
 
 @app.command()
@@ -399,8 +399,8 @@ def export(
 
         about = read_json(out / MARKER)
         say("reproduce flexsearch's accuracy (order-averaged, then single order) with:\n  "
-                   + lm_eval_command(about, out, f"{about['task']}_orders") + "\n  "
-                   + lm_eval_command(about, out, about["task"]))
+            + lm_eval_command(about, out, f"{about['task']}_orders") + "\n  "
+            + lm_eval_command(about, out, about["task"]))
 
 
 @app.command("list")
