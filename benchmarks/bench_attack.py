@@ -280,8 +280,14 @@ def meaning_checks(results: list[MethodResult], scorer: Scorer, seed: int) -> li
     similarity = encoder.similarity(emitted)
     edits = [(c, e) for c in emitted for e in c.edits if e.position is not None]
     protected = sum((e.field, e.position) in protected_positions(c.item) for c, e in edits)
+    # the ten shown come from the default search's split: its hardest prompt per item toward the stereotype
+    split = [o.best for r in results if r.name == "default" for o in r.main if o.best.edits and o.best.natural]
+    source = "the default search's split (its hardest prompt per item toward the stereotype)"
+    pool = split
+    if not split:
+        pool, source = emitted, "every method's emitted prompts"
     rng = np.random.default_rng(seed)
-    shown = [emitted[i] for i in sorted(rng.permutation(len(emitted))[:10])]
+    shown = [pool[i] for i in sorted(rng.permutation(len(pool))[:10])]
     audit = audit_rows([{"item_id": c.item.id, "instruction": c.instruction, "answers": c.item.answers}
                         for c in emitted])
     rules = ", ".join(f"{rule} {count}" for rule, count in audit["by_rule"].items())
@@ -289,7 +295,8 @@ def meaning_checks(results: list[MethodResult], scorer: Scorer, seed: int) -> li
                f"context+question below the floor {encoder.threshold}: {int((similarity < encoder.threshold).sum())}"
                f" (lowest {similarity.min():.3f}); word edits touching a protected span: {protected} of "
                f"{len(edits)}; label-validity audit (flexsearch/audit.py): {audit['flagged']} break a rule "
-               f"({rules}).", "", "Ten emitted prompts, drawn at random (seeded), each with the audit's verdict:", ""]
+               f"({rules}).", "", f"Ten prompts of {source}, drawn at random (seeded), each with the audit's verdict:",
+           ""]
     for candidate in shown:
         text = render(candidate, scorer.target.tokenizer, scorer.fmt).replace("\n", " ⏎ ")
         broken = violations(candidate.instruction, candidate.item.answers)
