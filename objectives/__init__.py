@@ -115,14 +115,14 @@ def aim_lead(probs: np.ndarray, aim: np.ndarray) -> np.ndarray:
 
 
 def eligible_mask(clean_probs: np.ndarray, gold: np.ndarray, aim: np.ndarray) -> np.ndarray:
-    """Per row: attack-eligible (see attack_eligible), vectorised."""
+    """Per row: attack-eligible, the rule of attack_eligible vectorised for targeted aims (`compare` resamples)."""
     return (clean_probs.argmax(-1) == gold) & (aim != gold)
 
 
 def attack_eligible(objective: Objective, item: Item, clean_probs: np.ndarray) -> bool:
     """Whether an item counts toward ASR: answered correctly when clean, and its gold answer is not
     the objective's target (flipping to the gold answer is no attack)."""
-    return bool(eligible_mask(clean_probs[None], np.array([item.gold]), np.array([objective.target_answer(item)]))[0])
+    return int(np.argmax(clean_probs)) == item.gold and objective.target_answer(item) != item.gold
 
 
 def attack_succeeded(objective: Objective, item: Item, clean_probs: np.ndarray, attacked_probs: np.ndarray) -> bool:

@@ -243,3 +243,15 @@ def test_a_trace_chain_is_forced_choice_when_its_slot_still_holds_a_forced_templ
     assert chain_forced_choice([step("persona", PRESERVING), step("directive", FORCED_CHOICE)])
     assert not chain_forced_choice([{"operator": "textbugger", "field": "context", "position": 3, "before": "a",
                                      "after": "b"}])
+
+
+def test_eligibility_reads_plain_lists_and_untargeted_objectives(seed_items):
+    from flexsearch.objectives import attack_eligible, get_objective
+
+    item = seed_items[0]
+    right = [0.0, 0.0, 0.0]
+    right[item.gold] = 1.0  # as a trace record holds it: a list, not an array
+    assert attack_eligible(get_objective("stereotype"), item, right)
+    assert attack_eligible(get_objective("untargeted"), item, right)  # no target: any clean-right item counts
+    wrong = right[1:] + right[:1]
+    assert not attack_eligible(get_objective("untargeted"), item, wrong)
