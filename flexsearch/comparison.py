@@ -95,21 +95,16 @@ def load_run(run: Path) -> RunTable:
         outcomes = {(r["objective"], r["item_id"]): r for r in records}
         objective = rows[0]["objective"]
 
-        def found(obj: str) -> list[dict[str, Any]] | None:
-            hits = [outcomes.get((obj, r["item_id"])) for r in rows]
-            return None if any(f is None for f in hits) else [f for f in hits if f is not None]
+        def outcome_arrays(obj: str) -> tuple[np.ndarray | None, np.ndarray | None, np.ndarray | None]:
+            """(clean, best, forced-choice) per row for one objective; Nones when the trace lacks a row's item."""
+            hits = [h for h in (outcomes.get((obj, r["item_id"])) for r in rows) if h is not None]
+            if len(hits) < len(rows):
+                return None, None, None
+            return (np.array([h["clean_probs"] for h in hits]), np.array([h["best_probs"] for h in hits]),
+                    np.array([chain_forced_choice(h["chain"]) for h in hits], dtype=bool))
 
-        def probs(obj: str, key: str) -> np.ndarray | None:
-            hits = found(obj)
-            return None if hits is None else np.array([f[key] for f in hits])
-
-        def forced_of(obj: str) -> np.ndarray | None:
-            hits = found(obj)
-            return None if hits is None else np.array([chain_forced_choice(f["chain"]) for f in hits], dtype=bool)
-
-        clean, attacked = probs(objective, "clean_probs"), probs(objective, "best_probs")
-        control, control_clean = probs("anti_stereotype", "best_probs"), probs("anti_stereotype", "clean_probs")
-        forced, control_forced = forced_of(objective), forced_of("anti_stereotype")
+        clean, attacked, forced = outcome_arrays(objective)
+        control_clean, control, control_forced = outcome_arrays("anti_stereotype")
     elif (run / PREDICTIONS).exists():
         rows = read_jsonl(run / PREDICTIONS)
         clean = np.array([r["probs"] for r in rows])
