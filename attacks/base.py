@@ -5,7 +5,9 @@ candidates. Add an operator by writing one class in this folder and decorating i
 `@OPERATORS.register("name")`; its constructor's keyword arguments are its YAML settings. A class may also
 define a static `settings_problem(**settings) -> str | None`: the config check calls it, so a value that
 cannot work is refused before any data or model loads; and a static `availability_problem(**settings)`, which
-a search calls before the target model loads, for what the machine must provide (a masked LM, say).
+a search calls before the target model loads, for what the machine must provide (a masked LM, say); and a
+static `white_box_problem(**settings)` when some settings read the target's weights (a served target refuses
+them; an operator with `needs_gradient` is refused without one).
 """
 
 from __future__ import annotations
@@ -45,17 +47,24 @@ class AttackResources:
     gradient_passes: int = 0  # forward+backward passes over one prompt; the search charges them to the item
     _gradients: OrderedDict[str, PromptGradient] = field(default_factory=OrderedDict, repr=False)
 
+    def white_box(self) -> TargetModel:
+        """The loaded target model; a served target has none (its white-box options are refused earlier)."""
+        if self.target is None:
+            raise FlexsearchError("this needs a white-box target model loaded in process, not a served one")
+        return self.target
+
     def gradient(self, candidate: Candidate) -> PromptGradient:
         """The objective's input-embedding gradient on the candidate's prompt; a prompt seen recently is
         served from a cache and costs nothing."""
-        if self.target is None or self.objective is None:
-            raise FlexsearchError("gradients need a white-box target model and an objective")
-        prompt = render(candidate, self.target.tokenizer, self.fmt)
+        target = self.white_box()
+        if self.objective is None:
+            raise FlexsearchError("gradients need an objective")
+        prompt = render(candidate, target.tokenizer, self.fmt)
         if prompt in self._gradients:
             self._gradients.move_to_end(prompt)
             return self._gradients[prompt]
         self.gradient_passes += 1
-        result = self._gradients[prompt] = prompt_gradient(self.target, self.fmt, self.objective, candidate)
+        result = self._gradients[prompt] = prompt_gradient(target, self.fmt, self.objective, candidate)
         if len(self._gradients) > GRADIENT_CACHE:
             self._gradients.popitem(last=False)
         return result
@@ -99,6 +108,20 @@ def availability_problems(specs: list[dict[str, Any]]) -> list[str]:
         problem = check(**{k: v for k, v in spec.items() if k != "name"}) if check else None
         if problem:
             problems.append(f"{spec['name']}: {problem}")
+    return problems
+
+
+def white_box_problems(specs: list[dict[str, Any]]) -> list[str]:
+    """Why these operator specs need the target's weights (gradients, or the operator's own static
+    `white_box_problem(**settings)`), as lines; a served target refuses them."""
+    problems = []
+    for spec in specs:
+        cls = OPERATORS.get(spec["name"])
+        check = getattr(cls, "white_box_problem", None)
+        problem = ("takes gradients of the target's weights (white-box only)" if cls.needs_gradient
+                   else check(**{k: v for k, v in spec.items() if k != "name"}) if check else None)
+        if problem:
+            problems.append(f"operator {spec['name']}: {problem}")
     return problems
 
 

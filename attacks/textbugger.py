@@ -70,6 +70,15 @@ class TextBugger(WordOperator):
         self.source = neighbour_source(neighbours, resources, vectors) if "sub_w" in self.bugs else None
 
     @staticmethod
+    def white_box_problem(bugs: Sequence[str] = BUGS, neighbours: str = "wordnet", vectors: str | None = None,
+                          **_: object) -> str | None:
+        """Embedding neighbours without a vector file read the target's own embedding matrix."""
+        if "sub_w" in bugs and neighbours == "embedding" and not vectors:
+            return "neighbours: embedding reads the target's embedding matrix (white-box only); give vectors: PATH " \
+                   "or neighbours: wordnet"
+        return None
+
+    @staticmethod
     def settings_problem(bugs: Sequence[str] = BUGS, positions: int = 2, per_position: int = 3,
                          neighbours: str = "wordnet", k: int = 8, **_: object) -> str | None:
         """Why these settings cannot work, or None (checked with the config, before any model loads)."""

@@ -52,7 +52,6 @@ from flexsearch.items import Item, load_items
 from flexsearch.metrics import forced_choice_metrics, mean_with_interval, proportion, with_interval
 from flexsearch.model import load_target, zoo_adapter
 from flexsearch.objectives import attack_eligible, get_objective
-from flexsearch.render import render
 from flexsearch.runio import atomic_write_json, read_json
 from flexsearch.scoring import Scorer
 from flexsearch.search_loop import ItemOutcome, build_context, run_search
@@ -298,7 +297,7 @@ def meaning_checks(results: list[MethodResult], scorer: Scorer, seed: int) -> li
                f"({rules}).", "", f"Ten prompts of {source}, drawn at random (seeded), each with the audit's verdict:",
            ""]
     for candidate in shown:
-        text = render(candidate, scorer.target.tokenizer, scorer.fmt).replace("\n", " ⏎ ")
+        text = scorer.render(candidate).replace("\n", " ⏎ ")
         broken = violations(candidate.instruction, candidate.item.answers)
         verdict = f"audit: breaks {', '.join(broken)}" if broken else "audit: label-valid"
         out.append(f"- `{candidate.item.id}` ({' + '.join(e.operator for e in candidate.edits)}; {verdict}): {text}")

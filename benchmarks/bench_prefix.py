@@ -48,11 +48,11 @@ def run(target: TargetModel, n_items: int, edits: int, batch: int, title: str) -
     lengths = [len(target.tokenizer.encode(render(c, target.tokenizer, PromptFormat()))) for c in candidates]
 
     def full() -> np.ndarray:  # every prompt rescored in full, repeats included, no cache
-        scorer = Scorer(target, batch_size=batch, prefix_reuse=False)
+        scorer = Scorer.in_process(target, batch_size=batch, prefix_reuse=False)
         return scorer.letter_probs_uncached([scorer.prompts(c)[0][0] for c in candidates])
 
     def reused() -> np.ndarray:
-        return Scorer(target, batch_size=batch, prefix_reuse=True).score(candidates).letters[:, 0]
+        return Scorer.in_process(target, batch_size=batch, prefix_reuse=True).score(candidates).letters[:, 0]
 
     base, t_full = timed(full)
     fast, t_fast = timed(reused)

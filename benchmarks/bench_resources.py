@@ -30,7 +30,7 @@ def peak_for_batch(model: str, batch: int) -> dict[str, float]:
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
-    Scorer(target, batch_size=batch, prefix_reuse=False).score(roots(bbq_items("Age", 32)))
+    Scorer.in_process(target, batch_size=batch, prefix_reuse=False).score(roots(bbq_items("Age", 32)))
     gpu = torch.cuda.max_memory_allocated() / 2**20 if torch.cuda.is_available() else float("nan")
     return {"rss_after_load_mb": before, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
             "peak_gpu_mb": gpu}
@@ -41,7 +41,7 @@ def time_per_item(target, items, context_repeat: int) -> float:
     config = load_config("templates_only", ["stop_on_success=false", "steps=1"], budget=9, control=False)
     config = replace(config, scoring=replace(config.scoring, average_orders=False))
     long_items = [replace(it, context=" ".join([it.context] * context_repeat)) for it in items]
-    ctx = build_context(config, Scorer(target), "stereotype")
+    ctx = build_context(config, Scorer.in_process(target), "stereotype")
     _, seconds = timed(lambda: run_search(long_items, ctx, "stereotype"))
     return seconds / len(items)
 

@@ -81,7 +81,7 @@ def run(target: TargetModel, n_items: int, batch: int, title: str) -> None:
     embedding = target.model.get_input_embeddings().weight.numel()
 
     def ours() -> np.ndarray:
-        return Scorer(target, batch_size=batch).score(candidates).probs.argmax(-1)  # a fresh cache each run
+        return Scorer.in_process(target, batch_size=batch).score(candidates).probs.argmax(-1)  # a fresh cache each run
 
     ours_choice, t_ours = timed(ours, repeats=2)
     ll_choice, t_ll = timed(lambda: loglikelihood_choices(target, peer_prompts, batch))

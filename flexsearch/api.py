@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
-from flexsearch.attacks.base import OPERATORS, availability_problems
+from flexsearch.attacks.base import OPERATORS, availability_problems, white_box_problems
 from flexsearch.attacks.constraints import editable_positions
 from flexsearch.audit import audit_rows, audit_summary
 from flexsearch.candidate import Candidate, chain_forced_choice, replay
@@ -41,7 +41,6 @@ from flexsearch.items import Item, LoadResult, load_items, source_sha256
 from flexsearch.metrics import dig, forced_choice_text, metric_text, perturbed_word_share, robustness_score
 from flexsearch.model import requested_model
 from flexsearch.objectives import SUCCESS_MARGIN
-from flexsearch.render import render
 from flexsearch.results import Comparison, RunResult, Score
 from flexsearch.runio import (
     FORCED_CSV,
@@ -66,22 +65,59 @@ from flexsearch.runio import (
 )
 from flexsearch.scoring import Scorer, build_scorer, fit_context
 from flexsearch.search_loop import build_context, constraint_specs, run_search
+from flexsearch.served import is_served, served_options
 from flexsearch.split import load_split, split_csv_text, split_row
 
 
 @dataclass(frozen=True)
 class Target:
-    """The model to attack: a Hugging Face id, local directory, .gguf file or alias, with its options."""
+    """The model to attack: a Hugging Face id, local directory, .gguf file or alias loaded in process, or
+    `openai:NAME` served at `base_url` (an OpenAI-compatible /v1 root), with its options."""
 
     model: str = "smollm2"
     adapter: str | None = None
     device: str | None = None
     dtype: str | None = None
     trust_remote_code: bool = False
+    # a served model's (flexsearch.served; the API key comes from FLEXSEARCH_API_KEY or OPENAI_API_KEY only)
+    base_url: str | None = None
+    served_mode: str | None = None  # logprobs | chat-logprobs | sample (default: the prompt layout's logprobs)
+    top_logprobs: int = 5
+    samples: int = 8
+    temperature: float = 1.0
+    concurrency: int = 4
+    request_timeout: float = 60.0
+    retries: int = 5
+    request_cache: bool = True
 
     def arguments(self) -> dict[str, Any]:
-        """load_target's keyword arguments (also what Ray workers receive)."""
+        """The model spec and its options (build_backend's argument; also what Ray workers receive)."""
         return asdict(self)
+
+    def requested(self, scoring_mode: str) -> dict[str, Any]:
+        """What the loaded (or connected) target will record, known before: checks a served target's options."""
+        served = served_options(self.arguments(), scoring_mode)
+        if served is None:
+            return requested_model(self.arguments())
+        return {"model": self.model, "served": served.result_settings()}
+
+    def white_box_problem(self, config: SearchConfig, overrides: Sequence[str] = ()) -> str | None:
+        """Why a served target cannot run this (gradients, optimised suffixes, the target's embeddings, prefix
+        key/value reuse are white-box only), or None."""
+        if not is_served(self.model):
+            return None
+        where = f"--model {self.model} is served (black-box)"
+        for option, value in (("proposals", config.proposals), ("importance", config.importance)):
+            if value == "gradient":
+                return f"{where}: {option}: gradient takes gradients of the target's weights (white-box only)"
+        problems = white_box_problems(config.operators)
+        if problems:
+            return f"{where}: {problems[0]}"
+        if any(o.replace(" ", "").lower() in ("scoring.prefix_reuse=true", "scoring.prefix_reuse=1")
+               for o in overrides):
+            return f"{where}: scoring.prefix_reuse reuses the target's key/value cache (white-box only; servers " \
+                   "such as vLLM cache prefixes themselves)"
+        return None
 
 
 @dataclass(frozen=True)
@@ -121,10 +157,14 @@ def search(data: str = "seed", *, model: str | Target = "smollm2", out: str | Pa
     missing = availability_problems(resolved_config.operators)
     if missing:  # before the target model loads: say at once what this machine lacks
         raise FlexsearchError(missing[0])
-    _check_budget_reaches(resolved_config, loaded.items)
+    refused = target.white_box_problem(resolved_config, overrides)
+    if refused:
+        raise FlexsearchError(refused)
+    requested = target.requested(resolved_config.scoring.mode)
+    _check_budget_reaches(resolved_config, loaded.items, requested.get("served", {}).get("samples", 1))
     settings = config_dict(resolved_config)
     resolved = {"command": "search", "data": data, "data_sha256": source_sha256(data), "limit": limit,
-                "model": requested_model(target.arguments()), "scoring": settings.pop("scoring"), "search": settings}
+                "model": requested, "scoring": settings.pop("scoring"), "search": settings}
     with _opened_run(run_dir, resolved, target) as (run, scorer):
         items, skipped = _fitting_items(loaded, scorer, SEARCH_PROMPT_MARGIN)
         objectives = _objectives(resolved_config)
@@ -142,13 +182,14 @@ def search(data: str = "seed", *, model: str | Target = "smollm2", out: str | Pa
                      files)
 
 
-def _check_budget_reaches(config: SearchConfig, items: list[Item]) -> None:
+def _check_budget_reaches(config: SearchConfig, items: list[Item], per_prompt: int) -> None:
     """Refuses, before any model loads, a greedy search whose budget cannot reach any operator on any item:
-    with leave-one-out importance and word operators alone it first scores one probe per editable word."""
+    with leave-one-out importance and word operators alone it first scores one probe per editable word
+    (`per_prompt`: queries one prompt costs, the samples of a served sample mode)."""
     slot_operators = [s for s in config.operators if not OPERATORS.get(s["name"]).edits_words]
     if config.method != "greedy" or config.importance != "leave_one_out" or slot_operators or not items:
         return
-    cost = prompts_per_candidate(config.scoring.average_orders)
+    cost = prompts_per_candidate(config.scoring.average_orders) * per_prompt
     fewest = min(len(editable_positions(Candidate.root(it))) for it in items)
     needed = cost * (fewest + 2)  # the clean prompt, the probes, one edit
     if config.budget < needed:
@@ -242,8 +283,7 @@ def _write_split(run: RunDirectory, items: list[Item], outcomes: dict[str, dict[
     rows = []
     for item in items:
         record = outcomes[item.id]
-        prompt = render(replay(item, record["chain"], tuple(record["option_order"])), scorer.target.tokenizer,
-                        scorer.fmt)
+        prompt = scorer.render(replay(item, record["chain"], tuple(record["option_order"])))
         rows.append(split_row(record, item, prompt))
     for jsonl, csv in SPLIT_FILES:
         kept = [r for r in rows if split_file_of(r) == (jsonl, csv)]
@@ -259,14 +299,14 @@ def _search_score(items: list[Item], done: dict[str, dict[str, dict[str, Any]]],
     arrays = {o: _outcome_arrays(o, items, [done[o][it.id] for it in items]) for o in objectives}
     letters = scorer.score([Candidate.root(it) for it in items]).letters  # cached: no new queries
     return {
-        "data": data, "model": scorer.target.info, "items": len(items),
+        "data": data, "model": scorer.info, "items": len(items),
         "skipped": sum(skipped.values()), "skipped_reasons": skipped,
         "method": config.method, "budget": config.budget, "seed": config.seed,
-        "average_orders": config.scoring.average_orders,
+        "average_orders": config.scoring.average_orders, "queries_per_candidate": scorer.queries_per_candidate,
         "backend": "ray" if ray is not None else "local", "worker_retries": retries,
-        "success_margin": config.success_margin,
+        "success_margin": config.success_margin, **scorer.served_usage(),
         # items whose search scored nothing but the clean prompt: the budget never reached an operator
-        "untried_items": {o: sum(done[o][it.id]["queries"] <= scorer.prompts_per_candidate for it in items)
+        "untried_items": {o: sum(done[o][it.id]["queries"] <= scorer.queries_per_candidate for it in items)
                           for o in objectives},
         **robustness_score(items, arrays[config.objective], arrays.get("anti_stereotype"), config.budget, letters,
                            config.success_margin),
@@ -313,11 +353,11 @@ def _evaluate_data(data: str, out: Path, target: Target, scoring: dict[str, Any]
     started = time.time()
     loaded = load_items(data, limit=limit)
     resolved = {"command": "evaluate", "data": data, "data_sha256": source_sha256(data), "limit": limit,
-                "model": requested_model(target.arguments()), "scoring": scoring}
+                "model": target.requested(scoring["mode"]), "scoring": scoring}
     with _opened_run(out, resolved, target) as (run, scorer):
         items, skipped = _fitting_items(loaded, scorer, 0)
         counts = {"skipped": sum(skipped.values()), "skipped_reasons": skipped}
-        score, predictions = evaluate_items(scorer, items, extra={"data": data, **counts, "model": scorer.target.info})
+        score, predictions = evaluate_items(scorer, items, extra={"data": data, **counts, "model": scorer.info})
         atomic_write_jsonl(out / PREDICTIONS, predictions)
         written = run.write_score(score, started)
         files = run.files()
@@ -331,7 +371,7 @@ def _evaluate_split(split: Path, out: Path, target: Target, scoring: dict[str, A
     started = time.time()
     rows = load_split(split, limit=limit)
     resolved = {"command": "evaluate", "split": str(split), "data_sha256": source_sha256(str(split)),
-                "limit": limit, "model": requested_model(target.arguments()), "scoring": scoring}
+                "limit": limit, "model": target.requested(scoring["mode"]), "scoring": scoring}
     with _opened_run(out, resolved, target) as (run, scorer):
         total = len(rows)
         rows = [r for r in rows if scorer.fits(Candidate.root(r.item)) and scorer.fits(r.candidate)]
@@ -344,11 +384,11 @@ def _evaluate_split(split: Path, out: Path, target: Target, scoring: dict[str, A
         arrays = {"objective": objective, "clean": clean.probs, "attacked": attacked.probs,
                   "forced": np.array([r.candidate.forced_choice for r in rows], dtype=bool)}
         dropped = total - len(rows)
-        score = {"split": str(split), "model": scorer.target.info, "items": len(items),
+        score = {"split": str(split), "model": scorer.info, "items": len(items),
                  "skipped": dropped, "skipped_reasons": {f"prompt over {scorer.max_prompt_tokens} tokens": dropped}
                  if dropped else {}, "success_margin": SUCCESS_MARGIN,
                  **robustness_score(items, arrays, None, None, clean.letters, SUCCESS_MARGIN),
-                 "queries": scorer.queries}
+                 "queries": scorer.queries, **scorer.served_usage()}
         predictions = [{**row, "attacked_probs": [round(float(p), 6) for p in probs]}
                        for row, probs in zip(prediction_rows(items, clean), attacked.probs, strict=True)]
         atomic_write_jsonl(out / PREDICTIONS, predictions)
@@ -366,7 +406,7 @@ def _opened_run(out: Path, resolved: dict[str, Any], target: Target) -> Iterator
     resuming = run.check(resolved)
     with run:
         scorer = _loaded_scorer(target, resolved["scoring"])
-        resolved.update(model=scorer.target.info, versions=software_versions())
+        resolved.update(model=scorer.info, versions=software_versions())
         if resuming:
             run.check(resolved, model_loaded=True)
         if not resuming or command != "search":
@@ -379,11 +419,13 @@ def _loaded_scorer(target: Target, scoring: dict[str, Any]) -> Scorer:
     seconds before any progress bar of the work can move. Not in logs and pipes, where a bad model's error
     stays the only line."""
     adapter = f" + adapter {target.adapter}" if target.adapter else ""
-    with elapsed_bar(f"loading model {target.model}{adapter}") as bar:
+    verb, done = ("connecting to", "connected to") if is_served(target.model) else ("loading model", "loaded")
+    with elapsed_bar(f"{verb} {target.model}{adapter}") as bar:
         scorer = build_scorer(target.arguments(), scoring)
         if bar is not None:
-            bar.set_description_str(f"loaded {target.model}{adapter} ({scorer.target.info.get('device')}, "
-                                    f"{scorer.target.info.get('dtype')})")
+            where = (scorer.info["served"]["host"] if "served" in scorer.info
+                     else f"{scorer.info.get('device')}, {scorer.info.get('dtype')}")
+            bar.set_description_str(f"{done} {target.model}{adapter} ({where})")
     return scorer
 
 
@@ -448,9 +490,11 @@ def format_search_table(score: dict[str, Any], objective: str) -> str:
                  f", abstention {metric_text(clean['abstention_rate'])}")
     attack = score[objective]
     if "queries" in attack:
-        cost = prompts_per_candidate(bool(score.get("average_orders")))
-        reach = (f"; budget {score['budget']} = {score['budget'] // cost} prompts of {cost} queries (one per option "
-                 f"order): the clean one and {score['budget'] // cost - 1} attacked" if "budget" in score else "")
+        cost = score.get("queries_per_candidate") or prompts_per_candidate(bool(score.get("average_orders")))
+        orders = prompts_per_candidate(bool(score.get("average_orders")))
+        per = "one per option order" if cost == orders else f"{orders} option order(s) × {cost // orders} samples"
+        reach = (f"; budget {score['budget']} = {score['budget'] // cost} prompts of {cost} queries ({per}): "
+                 f"the clean one and {score['budget'] // cost - 1} attacked" if "budget" in score else "")
         lines.append(f"queries per item: mean {attack['queries']['mean']:.1f}, median {attack['queries']['median']:.0f}"
                      f" (ASR over {attack['eligible_items']} items answered correctly when clean{reach})")
     lines.append(summary_text(attack["summary"], score, objective))

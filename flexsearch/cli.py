@@ -13,7 +13,7 @@ import typer
 import typer.core
 from typer._click import exceptions as click_errors  # typer 0.29 vendors click
 
-from flexsearch.errors import FlexsearchError, Interrupted, os_error_line
+from flexsearch.errors import FlexsearchError, Interrupted, ServerUnavailable, os_error_line
 
 
 class OneLineErrors(typer.core.TyperGroup):
@@ -71,7 +71,8 @@ def _option(panel: str, help_text: str, **kwargs: Any) -> Any:
 
 
 ModelOpt = Annotated[str, _option("Model", "Hugging Face id, local directory, .gguf file, or an alias "
-                                           "(smollm2, gemma3, gemma3-bbq...; see `flexsearch list`).")]
+                                           "(smollm2, gemma3, gemma3-bbq...; see `flexsearch list`); or "
+                                           "openai:NAME, a model served at --base-url.")]
 AdapterOpt = Annotated[str | None, _option("Model", "PEFT adapter directory applied on top of --model.")]
 TrustOpt = Annotated[bool, _option("Model", "Allow the model's own code from the hub.")]
 DeviceOpt = Annotated[str | None, _option("Model", "cpu, cuda, cuda:1... (default: cuda when available).")]
@@ -80,6 +81,23 @@ LimitOpt = Annotated[int | None, _option("Data", "Use only the first N usable it
 ModeOpt = Annotated[str, _option("Scoring", "Prompt layout: plain (FLEX's bigbench text) or chat.")]
 OrdersOpt = Annotated[bool, _option("Scoring", "Average over the three cyclic option orders.")]
 BatchOpt = Annotated[int, _option("Scoring", "Prompts per forward pass (halved on out-of-memory).", min=1)]
+_SERVED = "Served model (--model openai:NAME; key from FLEXSEARCH_API_KEY or OPENAI_API_KEY)"
+BaseUrlOpt = Annotated[str | None, _option(_SERVED, "The server's OpenAI-compatible /v1 root, e.g. "
+                                                    "http://127.0.0.1:8000/v1 (vLLM, llama.cpp, TGI...).")]
+ServedModeOpt = Annotated[str | None, _option(_SERVED, "logprobs (/completions top-k), chat-logprobs "
+                                                       "(/chat/completions top-k) or sample (n answers parsed) "
+                                                       "(default: the prompt layout's logprob mode).")]
+TopLogprobsOpt = Annotated[int, _option(_SERVED, "Top-k logprobs asked for (at least 5 recommended; the "
+                                                 "server's maximum if smaller).", min=1)]
+SamplesOpt = Annotated[int, _option(_SERVED, "Answers sampled per prompt in sample mode (each counts "
+                                             "against the budget).", min=1)]
+TemperatureOpt = Annotated[float, _option(_SERVED, "Sampling temperature in sample mode.", min=0, max=2)]
+ConcurrencyOpt = Annotated[int, _option(_SERVED, "Requests in flight at once.", min=1)]
+TimeoutOpt = Annotated[float, _option(_SERVED, "Seconds one request may take before it is retried.", min=0.1)]
+RetriesOpt = Annotated[int, _option(_SERVED, "Retries of a request (429, 5xx, connection errors, timeouts) "
+                                             "with exponential backoff and jitter.", min=0)]
+CacheOpt = Annotated[bool, _option(_SERVED, "Keep replies in the on-disk request cache (a resumed or "
+                                            "repeated run never pays twice).")]
 JsonOpt = Annotated[bool, typer.Option("--json", rich_help_panel="Output",
                                        help="Print the score as JSON instead of the table.")]
 
@@ -99,7 +117,8 @@ DEFAULT_PRESET = _default_preset()
 @contextmanager
 def user_errors() -> Iterator[None]:
     """Turns a FlexsearchError (bad input or settings) into one red line and exit code 2, an OSError into one line
-    and exit 2 or 1 (`errors.os_error_line`), Ctrl-C into what was kept and exit 130."""
+    and exit 2 or 1 (`errors.os_error_line`), a served model that stopped answering into one line and exit 1,
+    Ctrl-C into what was kept and exit 130."""
     try:
         yield
     except FlexsearchError as err:
@@ -108,6 +127,9 @@ def user_errors() -> Iterator[None]:
     except Interrupted as err:
         say(f"\n{err}", fg=typer.colors.YELLOW, err=True)
         raise typer.Exit(130) from None
+    except ServerUnavailable as err:  # the server, not the input: exit 1, the run is kept
+        say(f"error: {err}", fg=typer.colors.RED, err=True)
+        raise typer.Exit(1) from None
     except OSError as err:  # a full disk, a read-only mount, a path that cannot be made
         line, code = os_error_line(err)
         say(f"error: {line}", fg=typer.colors.RED, err=True)
@@ -133,12 +155,22 @@ def evaluate(
     mode: ModeOpt = "plain",
     average_orders: OrdersOpt = True,
     batch_size: BatchOpt = 16,
+    base_url: BaseUrlOpt = None,
+    served_mode: ServedModeOpt = None,
+    top_logprobs: TopLogprobsOpt = 5,
+    samples: SamplesOpt = 8,
+    temperature: TemperatureOpt = 1.0,
+    concurrency: ConcurrencyOpt = 4,
+    request_timeout: TimeoutOpt = 60.0,
+    retries: RetriesOpt = 5,
+    request_cache: CacheOpt = True,
 ) -> None:
     """Score items clean (or re-score an emitted split) and report accuracy, bias and confounds."""
     from flexsearch import api
 
     with user_errors():
-        target = api.Target(model, adapter, device, dtype, trust_remote_code)
+        target = api.Target(model, adapter, device, dtype, trust_remote_code, base_url, served_mode, top_logprobs,
+                            samples, temperature, concurrency, request_timeout, retries, request_cache)
         result = api.evaluate(data, split=split, model=target, out=out, limit=limit, mode=mode,
                               average_orders=average_orders, batch_size=batch_size)
     _print_result(result, json_output)
@@ -185,6 +217,15 @@ def search(
     device: DeviceOpt = None,
     dtype: DtypeOpt = None,
     trust_remote_code: TrustOpt = False,
+    base_url: BaseUrlOpt = None,
+    served_mode: ServedModeOpt = None,
+    top_logprobs: TopLogprobsOpt = 5,
+    samples: SamplesOpt = 8,
+    temperature: TemperatureOpt = 1.0,
+    concurrency: ConcurrencyOpt = 4,
+    request_timeout: TimeoutOpt = 60.0,
+    retries: RetriesOpt = 5,
+    request_cache: CacheOpt = True,
 ) -> None:
     """Search adversarial prompts per item; write the FLEX-style split and the robustness score."""
     from flexsearch import api
@@ -193,7 +234,9 @@ def search(
         if backend not in ("local", "ray"):
             raise FlexsearchError(f"--backend: unknown backend '{backend}' (choose local or ray)")
         ray = api.RayOptions(workers, ray_address, gpus_per_worker) if backend == "ray" else None
-        result = api.search(data, model=api.Target(model, adapter, device, dtype, trust_remote_code), out=out,
+        target = api.Target(model, adapter, device, dtype, trust_remote_code, base_url, served_mode, top_logprobs,
+                            samples, temperature, concurrency, request_timeout, retries, request_cache)
+        result = api.search(data, model=target, out=out,
                             config=config, overrides=set_ or [], budget=budget, method=method, objective=objective,
                             control=control, seed=seed, limit=limit, ray=ray)
     _print_result(result, json_output)
@@ -312,8 +355,12 @@ def finetune(
     from flexsearch.items import load_training_data
     from flexsearch.model import load_target
     from flexsearch.runio import check_output_folder
+    from flexsearch.served import is_served
 
     with user_errors():
+        if is_served(model):
+            raise FlexsearchError(f"--model {model} is served (black-box): finetune trains the weights (white-box "
+                                  "only); give the model's Hugging Face id, directory or .gguf file")
         check_output_folder(out, "--out", RECIPE_FILE, ADAPTER_FILES)
         config = FinetuneConfig(
             policy=policy, planted_categories=[c.strip() for c in planted_categories.split(",") if c.strip()],
@@ -357,10 +404,19 @@ def tune(
     adapter: AdapterOpt = None,
     device: DeviceOpt = None,
     dtype: DtypeOpt = None,
+    base_url: BaseUrlOpt = None,
+    served_mode: ServedModeOpt = None,
+    top_logprobs: TopLogprobsOpt = 5,
+    samples: SamplesOpt = 8,
+    temperature: TemperatureOpt = 1.0,
+    concurrency: ConcurrencyOpt = 4,
+    request_timeout: TimeoutOpt = 60.0,
+    retries: RetriesOpt = 5,
+    request_cache: CacheOpt = True,
 ) -> None:
     """Optuna study over search configurations: best config YAML, trials CSV, importances, held-out check."""
+    from flexsearch import api
     from flexsearch.items import load_items
-    from flexsearch.model import load_target
     from flexsearch.runio import RunDirectory
     from flexsearch.tune import format_tune_table, load_space, run_study
 
@@ -371,8 +427,9 @@ def tune(
         if previous is not None:
             raise FlexsearchError(f"--out {run}: holds a '{previous.get('command')}' run; tune writes its own "
                                   "directory (choose another --out)")
-        target = load_target(model, adapter=adapter, device=device, dtype=dtype)
-        summary = run_study(target, load_items(data).items, loaded_space, run, trials=trials, budget=budget,
+        target = api.Target(model, adapter, device, dtype, False, base_url, served_mode, top_logprobs, samples,
+                            temperature, concurrency, request_timeout, retries, request_cache)
+        summary = run_study(target.arguments(), load_items(data).items, loaded_space, run, trials=trials, budget=budget,
                             storage=storage, dev_items=dev_items, holdout_items=holdout_items, seed=seed,
                             holdout=holdout)
     say(format_tune_table(summary))

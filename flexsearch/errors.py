@@ -23,6 +23,11 @@ class InputError(FlexsearchError):
         super().__init__(f"{where}: {what}{message}")
 
 
+class ServerUnavailable(Exception):
+    """A served model that stopped answering once every retry was spent (the CLI prints it, exit 1): the machine
+    or the server, not the input; what finished is kept and a rerun resumes."""
+
+
 class Interrupted(KeyboardInterrupt):
     """Ctrl-C during a long command, with what was kept and how to go on (the CLI prints it, exit 130)."""
 

@@ -23,6 +23,8 @@ def score_all(scorer: Scorer, candidates: Sequence[Candidate], desc: str = "scor
         for start in range(0, len(candidates), PROGRESS_CHUNK):
             parts.append(scorer.score(candidates[start : start + PROGRESS_CHUNK]))
             bar.update(len(parts[-1].probs))
+            if scorer.backend.progress():
+                bar.set_postfix(scorer.backend.progress())
     if not parts:
         return Scores(np.zeros((0, 3)), np.zeros((0, 1, 3)))
     return Scores(
@@ -59,7 +61,7 @@ def evaluate_items(scorer: Scorer, items: Sequence[Item],
                    extra: dict[str, Any] | None = None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Scores every item clean: the score (after `extra`) and the per-item prediction rows."""
     scores = score_all(scorer, [Candidate.root(it) for it in items], desc="evaluate")
-    score = {**(extra or {}), **metrics_for(items, scores), "queries": scorer.queries}
+    score = {**(extra or {}), **metrics_for(items, scores), "queries": scorer.queries, **scorer.served_usage()}
     return score, prediction_rows(items, scores)
 
 

@@ -263,12 +263,14 @@ LOCK = ".lock"
 README = "README.md"
 SCORE_SCHEMA_VERSION = 2  # 2: provenance fields, metric directions
 # Settings that change results, per command: a resumed (or repeated) run must match on each.
-_MODEL_KEYS = ("model.model", "model.adapter", "model.dtype", "model.revision", "model.gguf_sha256")
+_MODEL_KEYS = ("model.model", "model.adapter", "model.dtype", "model.revision", "model.gguf_sha256",
+               "model.served", "model.server_model_id")
 RESULT_KEYS = {
     "search": ("data", "data_sha256", "limit", "scoring", "search", *_MODEL_KEYS),
     "evaluate": ("data", "split", "data_sha256", "limit", "scoring", *_MODEL_KEYS),
 }
-_LOADED_ONLY = ("model.gguf_sha256",)  # known only once the model has loaded (its file is hashed then)
+# known only once the model has loaded (its file is hashed then) or the server has listed its models
+_LOADED_ONLY = ("model.gguf_sha256", "model.server_model_id")
 
 
 def _dotted(data: dict[str, Any], key: str) -> Any:

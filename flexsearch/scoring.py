@@ -1,6 +1,7 @@
-"""One-pass answer scoring (DESIGN.md "Scoring").
+"""Answer scoring (DESIGN.md "Scoring", "Scoring backends"): a Scorer over a backend.
 
-Each rendered prompt gets one forward pass; the next-token distribution at the answer position,
+The Scorer renders candidates, averages option orders and caches prompts; its backend scores prompts. In
+process, each rendered prompt gets one forward pass; the next-token distribution at the answer position,
 restricted to the three option-letter tokens and renormalised, is mapped back through the option
 order to P(answer). Prompts are deduplicated by a cache keyed by the rendered text; prompts that
 share a long token prefix (an instruction template, a context) compute that prefix's key/value
@@ -13,7 +14,7 @@ import copy
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -70,59 +71,102 @@ def shared_prefix_groups(sequences: Sequence[Sequence[int]], min_prefix: int,
     return shared + ([(0, alone)] if alone else [])  # prompts with no partner batch together
 
 
-class Scorer:
-    """Renders candidates and returns their answer distributions; counts every prompt it scores."""
+class ScoringBackend(Protocol):
+    """Where rendered prompts are scored: P(A), P(B), P(C) per prompt, and what it cost (DESIGN.md "Scoring
+    backends"). In process (`InProcessBackend`, white-box) or behind an OpenAI-compatible server
+    (`flexsearch.served.ServedBackend`, black-box); the search loop and every command hold a `Scorer` over one
+    and never ask which."""
 
-    def __init__(
-        self,
-        target: TargetModel,
-        fmt: PromptFormat | None = None,
-        *,
-        batch_size: int = 16,
-        average_orders: bool = False,
-        prefix_reuse: bool = True,
-        min_shared_prefix: int = 16,
-        min_prefix_saving: float = 0.5,
-        max_prompt_tokens: int = 0,
-    ) -> None:
-        self.target = target
-        self.fmt = fmt or PromptFormat()
-        self.batch_size = batch_size
+    fmt: PromptFormat
+    info: dict[str, Any]  # provenance: recorded in config.yaml and score.json
+
+    @property
+    def white_box(self) -> TargetModel | None:
+        """The loaded model (gradients, embeddings, fine-tuning); None when served."""
+        ...
+
+    queries_per_prompt: int  # what one prompt costs the budget (samples per prompt in sample mode)
+    max_prompt_tokens: int  # longer prompts are skipped (a served model's context is the server's to enforce)
+
+    def render(self, candidate: Candidate) -> str: ...
+
+    def prompt_tokens(self, prompt: str) -> int | None:
+        """The prompt's length in the target's tokens; None when only the server knows it."""
+        ...
+
+    def letter_probs(self, prompts: Sequence[str]) -> np.ndarray:
+        """(N, 3): P(A), P(B), P(C) for each prompt (letters in displayed order); no caching."""
+        ...
+
+    def usage(self) -> dict[str, Any]:
+        """What scoring cost beyond prompts (requests, tokens, retries, cache hits); empty in process."""
+        ...
+
+    def progress(self) -> dict[str, str]:
+        """Fields for the progress bar (requests/s, retries); empty in process."""
+        ...
+
+
+class Scorer:
+    """Scores candidates on a backend: renders each in its option orders, averages the orders when asked,
+    serves repeated prompts from a cache and counts every prompt it scores (the search budget's unit)."""
+
+    def __init__(self, backend: ScoringBackend, *, average_orders: bool = False) -> None:
+        self.backend = backend
         self.average_orders = average_orders
-        self.prefix_reuse = prefix_reuse
-        self.min_shared_prefix = min_shared_prefix
-        self.min_prefix_saving = min_prefix_saving
-        self.letter_ids = letter_token_ids(target.tokenizer, self.fmt.answer_prefix)
-        self._prefix_tail = target.tokenizer.encode(self.fmt.answer_prefix, add_special_tokens=False)[-1]
-        context = getattr(target.model.config, "max_position_embeddings", None) or 1 << 30
-        self.max_prompt_tokens = min(context, max_prompt_tokens) if max_prompt_tokens > 0 else context
-        self.queries = 0  # prompts forwarded through the model (cache hits are free)
+        self.queries = 0  # budget units spent: prompts scored × the backend's cost per prompt (cache hits are free)
         self._cache: dict[str, np.ndarray] = {}
 
     @classmethod
+    def in_process(cls, target: TargetModel, fmt: PromptFormat | None = None, *, average_orders: bool = False,
+                   **settings: Any) -> Scorer:
+        """A scorer over a loaded model (`settings`: InProcessBackend's batch and prefix options)."""
+        return cls(InProcessBackend(target, fmt, **settings), average_orders=average_orders)
+
+    @classmethod
     def from_config(cls, target: TargetModel, scoring: ScoringConfig) -> Scorer:
-        """The scorer a search config asks for, with an empty cache."""
-        return cls(target, PromptFormat(mode=scoring.mode), batch_size=scoring.batch_size,
-                   average_orders=scoring.average_orders, prefix_reuse=scoring.prefix_reuse,
-                   max_prompt_tokens=scoring.max_prompt_tokens)
+        """The scorer a search config asks for over a loaded model, with an empty cache."""
+        return cls(InProcessBackend.from_config(target, scoring), average_orders=scoring.average_orders)
+
+    def fresh(self) -> Scorer:
+        """The same backend with an empty cache and count (a tuning trial pays for its own prompts)."""
+        return Scorer(self.backend, average_orders=self.average_orders)
 
     @property
-    def prompts_per_candidate(self) -> int:
-        return prompts_per_candidate(self.average_orders)
+    def target(self) -> TargetModel | None:
+        return self.backend.white_box
+
+    @property
+    def fmt(self) -> PromptFormat:
+        return self.backend.fmt
+
+    @property
+    def info(self) -> dict[str, Any]:
+        return self.backend.info
+
+    @property
+    def max_prompt_tokens(self) -> int:
+        return self.backend.max_prompt_tokens
+
+    @property
+    def queries_per_candidate(self) -> int:
+        return prompts_per_candidate(self.average_orders) * self.backend.queries_per_prompt
+
+    def render(self, candidate: Candidate) -> str:
+        return self.backend.render(candidate)
+
+    def served_usage(self) -> dict[str, Any]:
+        """score.json's `usage` (requests, tokens, retries, cache hits) for a served target; nothing in process."""
+        usage = self.backend.usage()
+        return {"usage": usage} if usage else {}
 
     def prompts(self, candidate: Candidate) -> list[tuple[str, tuple[int, int, int]]]:
         orders = cyclic_orders(candidate.option_order) if self.average_orders else [candidate.option_order]
-        tokenizer = self.target.tokenizer
-        return [(render(_reordered(candidate, order), tokenizer, self.fmt), order) for order in orders]
-
-    def prompt_tokens(self, candidate: Candidate) -> int:
-        """The longest of the candidate's rendered prompts, in tokens."""
-        add_special = self.fmt.mode == "plain"
-        return max(len(self.target.tokenizer.encode(p, add_special_tokens=add_special))
-                   for p, _ in self.prompts(candidate))
+        return [(self.backend.render(_reordered(candidate, order)), order) for order in orders]
 
     def fits(self, candidate: Candidate, margin: int = 0) -> bool:
-        return self.prompt_tokens(candidate) + margin <= self.max_prompt_tokens
+        lengths = [self.backend.prompt_tokens(p) for p, _ in self.prompts(candidate)]
+        return all(n is None or n + margin <= self.max_prompt_tokens for n in lengths)
 
     def score(self, candidates: Sequence[Candidate]) -> Scores:
         rendered = [self.prompts(c) for c in candidates]
@@ -140,9 +184,64 @@ class Scorer:
         return Scores(probs=probs, letters=letters.reshape(len(candidates), -1, 3))
 
     def letter_probs_uncached(self, prompts: Sequence[str]) -> np.ndarray:
-        """P(A), P(B), P(C) for each prompt (letters in displayed order); no caching."""
+        """P(A), P(B), P(C) for each prompt, counted against the budget; no caching."""
+        result = self.backend.letter_probs(prompts)
+        self.queries += len(prompts) * self.backend.queries_per_prompt
+        return result
+
+
+class InProcessBackend:
+    """The white-box backend: a loaded causal LM, one forward pass per prompt, prompts sharing a long token
+    prefix computing that prefix's key/value cache once, the batch halved on out-of-memory."""
+
+    queries_per_prompt = 1
+
+    def __init__(
+        self,
+        target: TargetModel,
+        fmt: PromptFormat | None = None,
+        *,
+        batch_size: int = 16,
+        prefix_reuse: bool = True,
+        min_shared_prefix: int = 16,
+        min_prefix_saving: float = 0.5,
+        max_prompt_tokens: int = 0,
+    ) -> None:
+        self.target = self.white_box = target
+        self.info = target.info
+        self.fmt = fmt or PromptFormat()
+        self.batch_size = batch_size
+        self.prefix_reuse = prefix_reuse
+        self.min_shared_prefix = min_shared_prefix
+        self.min_prefix_saving = min_prefix_saving
+        self.letter_ids = letter_token_ids(target.tokenizer, self.fmt.answer_prefix)
+        self._prefix_tail = target.tokenizer.encode(self.fmt.answer_prefix, add_special_tokens=False)[-1]
+        context = getattr(target.model.config, "max_position_embeddings", None) or 1 << 30
+        self.max_prompt_tokens = min(context, max_prompt_tokens) if max_prompt_tokens > 0 else context
+
+    @classmethod
+    def from_config(cls, target: TargetModel, scoring: ScoringConfig) -> InProcessBackend:
+        return cls(target, PromptFormat(mode=scoring.mode), batch_size=scoring.batch_size,
+                   prefix_reuse=scoring.prefix_reuse, max_prompt_tokens=scoring.max_prompt_tokens)
+
+    def render(self, candidate: Candidate) -> str:
+        return render(candidate, self.target.tokenizer, self.fmt)
+
+    def _encode(self, prompt: str) -> list[int]:
         add_special = self.fmt.mode == "plain"  # a chat template already holds its special tokens
-        sequences = [self.target.tokenizer.encode(p, add_special_tokens=add_special) for p in prompts]
+        return self.target.tokenizer.encode(prompt, add_special_tokens=add_special)
+
+    def prompt_tokens(self, prompt: str) -> int:
+        return len(self._encode(prompt))
+
+    def usage(self) -> dict[str, Any]:
+        return {}
+
+    def progress(self) -> dict[str, str]:
+        return {}
+
+    def letter_probs(self, prompts: Sequence[str]) -> np.ndarray:
+        sequences = [self._encode(p) for p in prompts]
         for prompt, seq in zip(prompts, sequences, strict=True):
             if seq[-1] != self._prefix_tail:
                 raise FlexsearchError(f"prompt does not end in the answer prefix token: ...{prompt[-40:]!r}")
@@ -155,7 +254,6 @@ class Scorer:
             prefix_cache = self._prefix_cache(sequences[members[0]][:prefix_len]) if prefix_len else None
             suffixes = [sequences[i][prefix_len:] for i in members]
             result[members] = self._run_batches(prefix_cache, prefix_len, suffixes)
-        self.queries += len(sequences)
         return result
 
     @torch.inference_mode()
@@ -202,10 +300,24 @@ class Scorer:
 
 
 def build_scorer(target: dict[str, Any], scoring: dict[str, Any]) -> Scorer:
-    """Loads the target model (`target` holds load_target's arguments) and wraps it in a scorer."""
-    arguments = dict(target)
-    model = load_target(arguments.pop("model"), **arguments)
-    return Scorer.from_config(model, ScoringConfig(**scoring))
+    """The scorer a command asks for: `target` holds the model spec and its options (api.Target.arguments:
+    a served model's when it names one, load_target's otherwise), `scoring` a ScoringConfig's fields."""
+    config = ScoringConfig(**scoring)
+    return Scorer(build_backend(target, config), average_orders=config.average_orders)
+
+
+def build_backend(target: dict[str, Any], scoring: ScoringConfig) -> ScoringBackend:
+    """Connects to the served model `target` names, or loads it in process."""
+    from flexsearch.served import ServedBackend, is_served
+
+    arguments = {k: v for k, v in target.items() if v is not None}
+    if is_served(arguments["model"]):
+        return ServedBackend.connect(arguments, scoring)
+    model = load_target(arguments.pop("model"), **{k: v for k, v in arguments.items() if k in LOAD_ARGUMENTS})
+    return InProcessBackend.from_config(model, scoring)
+
+
+LOAD_ARGUMENTS = ("gguf_file", "adapter", "device", "dtype", "revision", "trust_remote_code")
 
 
 def left_padded(sequences: Sequence[Sequence[int]], pad_id: int,

@@ -203,7 +203,7 @@ def best_first(ctx: SearchContext, state: ItemState, parent: Candidate, edits: S
     if not fresh or not state.can_afford_gradient():
         return ctx.admissible(fresh)[: ctx.config.gradient_top]
     gradient = ctx.charged(state, lambda: ctx.resources.gradient(parent))
-    gains = substitution_gains(gradient, ctx.scorer.target, fresh)
+    gains = substitution_gains(gradient, ctx.resources.white_box(), fresh)
     ranked = [fresh[i] for i in np.argsort(-gains, kind="stable")]
     kept: list[Candidate] = []
     top = ctx.config.gradient_top
@@ -414,7 +414,7 @@ def run_search(
     started, start_queries = time.perf_counter(), scorer.queries
     for start in range(0, len(items), config.item_batch):
         states = [ItemState(item, ctx.objective, item_rng(config.seed, item.id, objective_name), config.budget,
-                            scorer.prompts_per_candidate) for item in items[start : start + config.item_batch]]
+                            scorer.queries_per_candidate) for item in items[start : start + config.item_batch]]
         methods = [METHODS[config.method](ctx, s) for s in states]
         pending = {i: next(m) for i, m in enumerate(methods)}
         while pending:
@@ -441,5 +441,5 @@ def run_search(
             wins = [o.success for o in outcomes if attack_eligible(ctx.objective, o.item, o.clean_probs)]
             progress.update(len(batch))
             progress.set_postfix({f"ASR({objective_name})": f"{np.mean(wins):.2f}" if wins else "-",
-                                  "q_per_s": f"{rate:.1f}"})
+                                  "q_per_s": f"{rate:.1f}", **scorer.backend.progress()})
     return outcomes

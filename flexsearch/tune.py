@@ -39,10 +39,9 @@ from flexsearch.config import SearchConfig, load_config, packaged_yaml, preset_p
 from flexsearch.errors import FlexsearchError
 from flexsearch.items import Item
 from flexsearch.metrics import mean_with_interval, metric_text, proportion
-from flexsearch.model import TargetModel
 from flexsearch.objectives import Objective, attack_eligible, get_objective
 from flexsearch.runio import atomic_write_json, atomic_write_text, atomic_write_yaml
-from flexsearch.scoring import Scorer
+from flexsearch.scoring import Scorer, build_scorer
 from flexsearch.search_loop import ItemOutcome, build_context, run_search
 
 STUDY_NAME = "flexsearch"
@@ -130,11 +129,11 @@ def score_outcomes(outcomes: list[ItemOutcome], objective: Objective) -> ConfigS
     return ConfigScore(wins, float(np.mean([o.queries for o in outcomes])) if outcomes else 0.0)
 
 
-def evaluate_config(config: SearchConfig, target: TargetModel, items: list[Item], desc: str,
+def evaluate_config(config: SearchConfig, scorer: Scorer, items: list[Item], desc: str,
                     trial: optuna.Trial | None = None, prune: bool = True) -> ConfigScore:
     """Runs a search with a fresh cache (so every trial pays for its own queries); with a trial,
     reports ASR after each batch of items and, if `prune`, stops early when the pruner says so."""
-    ctx = build_context(config, Scorer.from_config(target, config.scoring), "stereotype")
+    ctx = build_context(config, scorer.fresh(), "stereotype")
     outcomes: list[ItemOutcome] = []
 
     def after_batch(batch: list[ItemOutcome]) -> None:
@@ -196,21 +195,22 @@ def open_study(url: str, sampler: optuna.samplers.BaseSampler, warmup_items: int
             time.sleep(0.5 * attempt)
 
 
-def run_study(target: TargetModel, items: list[Item], space: dict[str, Any], out: Path, *, trials: int,
+def run_study(target: dict[str, Any], items: list[Item], space: dict[str, Any], out: Path, *, trials: int,
               budget: int, storage: str | None = None, dev_items: int = 12, holdout_items: int = 8,
               seed: int = 0, holdout: bool = True) -> dict[str, Any]:
-    """Runs (or continues) the study until it holds `trials` finished trials (a grid stops when it is
-    exhausted), then writes the outputs."""
-    out.mkdir(parents=True, exist_ok=True)
+    """Runs (or continues) the study on `target` (api.Target's arguments: a model loaded in process, or served)
+    until it holds `trials` finished trials (a grid stops when it is exhausted), then writes the outputs."""
     base = load_config(space.get("base", "default"), budget=budget, control=False, seed=seed)
-    dev, held, scored = eligible_slices(items, Scorer.from_config(target, base.scoring), dev_items,
+    scorer = build_scorer(target, asdict(base.scoring))
+    out.mkdir(parents=True, exist_ok=True)
+    dev, held, scored = eligible_slices(items, scorer.fresh(), dev_items,
                                         holdout_items if holdout else 0, seed)
     study = open_study(storage or f"sqlite:///{(out / 'study.db').resolve()}", sampler_for(space, seed),
                        base.item_batch)
 
     def objective(trial: optuna.Trial) -> float:
         config = apply_params(base, suggest(trial, space["params"]))
-        result = evaluate_config(config, target, dev, f"trial {trial.number}", trial, prune=space["pruning"])
+        result = evaluate_config(config, scorer, dev, f"trial {trial.number}", trial, prune=space["pruning"])
         interval = result.asr_interval()
         trial.set_user_attr("asr", result.asr)
         trial.set_user_attr("asr_ci", interval["ci"])
@@ -222,16 +222,16 @@ def run_study(target: TargetModel, items: list[Item], space: dict[str, Any], out
     study.optimize(objective, n_trials=trials,
                    callbacks=[optuna.study.MaxTrialsCallback(trials, states=finished)])
     slices = {"items_scored_for_eligibility": scored, "dev_items": len(dev), "holdout_items": len(held)}
-    return write_outputs(study, base, target, held, out, slices)
+    return write_outputs(study, base, scorer, held, out, slices)
 
 
-def holdout_check(tuned: SearchConfig, base: SearchConfig, target: TargetModel, held: list[Item]) -> dict[str, Any]:
+def holdout_check(tuned: SearchConfig, base: SearchConfig, scorer: Scorer, held: list[Item]) -> dict[str, Any]:
     """The tuned and the `default` config on items tuning never saw, with the paired difference."""
     default = load_config("default", budget=base.budget, control=False, seed=base.seed)
-    tuned_score = evaluate_config(tuned, target, held, "held-out, tuned")
+    tuned_score = evaluate_config(tuned, scorer, held, "held-out, tuned")
     # A tuned config equal to the preset would give the same searches again.
     default_score = (tuned_score if asdict(tuned) == asdict(default)
-                     else evaluate_config(default, target, held, "held-out, default"))
+                     else evaluate_config(default, scorer, held, "held-out, default"))
     both = [i for i in tuned_score.wins if i in default_score.wins]
     return {"items": len(held), "tuned_asr": tuned_score.asr_interval(), "tuned_mean_queries": tuned_score.mean_queries,
             "default_asr": default_score.asr_interval(), "default_mean_queries": default_score.mean_queries,
@@ -262,7 +262,7 @@ def trial_rows(study: optuna.Study) -> list[dict[str, Any]]:
     return sorted(rows, key=lambda r: (-(r["asr"]["value"] or 0.0), r["mean_queries"] or 0.0))
 
 
-def write_outputs(study: optuna.Study, base: SearchConfig, target: TargetModel, held: list[Item], out: Path,
+def write_outputs(study: optuna.Study, base: SearchConfig, scorer: Scorer, held: list[Item], out: Path,
                   slices: dict[str, int]) -> dict[str, Any]:
     atomic_write_text(out / "trials.csv", trials_csv(study))
     complete = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
@@ -277,7 +277,7 @@ def write_outputs(study: optuna.Study, base: SearchConfig, target: TargetModel, 
         "tuning_mean_queries": best.user_attrs.get("mean_queries"), "ranking": trial_rows(study),
     }
     if held:
-        summary["holdout"] = holdout_check(best_config, base, target, held)
+        summary["holdout"] = holdout_check(best_config, base, scorer, held)
     importances: dict[str, float] = {}
     if len(complete) >= 2 and len({tuple(sorted(t.params.items())) for t in complete}) >= 2:
         importances = {k: float(v) for k, v in optuna.importance.get_param_importances(study).items()

@@ -66,7 +66,7 @@ def tiny_target(tiny_model_dir: Path) -> TargetModel:
 
 @pytest.fixture
 def tiny_scorer(tiny_target: TargetModel) -> Scorer:
-    return Scorer(tiny_target, batch_size=4)
+    return Scorer.in_process(tiny_target, batch_size=4)
 
 
 @pytest.fixture(scope="session")

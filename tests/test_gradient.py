@@ -122,7 +122,7 @@ def test_gradients_are_cached_and_counted(tiny_target, seed_items):
 
 def _context(tiny_target, *overrides: str):
     config = load_config("gradient", [*CHEAP, *overrides])
-    return build_context(config, Scorer(tiny_target, batch_size=8), "stereotype")
+    return build_context(config, Scorer.in_process(tiny_target, batch_size=8), "stereotype")
 
 
 def test_best_first_keeps_the_highest_gains_and_charges_one_pass(tiny_target, seed_items):
@@ -185,7 +185,7 @@ def test_suffix_search_raises_the_objective(tiny_target, seed_items):
     """GCG's loop (beam width 1, suffix swaps only) must find a suffix that beats the clean prompt."""
     config = load_config("research", [*CHEAP, "operators=[{name: adversarial_suffix, length: 6, top_k: 16, swaps: 6}]",
                                       "beam_width=1", "steps=6", "budget=200", "stop_on_success=false"])
-    ctx = build_context(config, Scorer(tiny_target, batch_size=8), "stereotype")
+    ctx = build_context(config, Scorer.in_process(tiny_target, batch_size=8), "stereotype")
     outcomes = run_search(seed_items[:2], ctx, "stereotype")
     for outcome in outcomes:
         assert outcome.best.suffix and not outcome.best.natural

@@ -27,10 +27,10 @@ def test_adapter_changes_the_answers(tiny_model_dir, tiny_target, seed_items, tm
     peft_model.save_pretrained(tmp_path / "adapter")
     adapted = load_target(str(tiny_model_dir), adapter=str(tmp_path / "adapter"), device="cpu")
     candidates = [Candidate.root(it) for it in seed_items[:4]]
-    plain = Scorer(tiny_target).score(candidates).probs
-    tuned = Scorer(adapted).score(candidates).probs
+    plain = Scorer.in_process(tiny_target).score(candidates).probs
+    tuned = Scorer.in_process(adapted).score(candidates).probs
     peft_model.eval()
-    unmerged = Scorer(TargetModel(peft_model, adapted.tokenizer, {})).score(candidates).probs
+    unmerged = Scorer.in_process(TargetModel(peft_model, adapted.tokenizer, {})).score(candidates).probs
     assert adapted.info["adapter"].endswith("adapter")
     assert np.abs(plain - tuned).max() > 1e-4
     assert not hasattr(adapted.model, "peft_config")  # merged into the weights, for speed

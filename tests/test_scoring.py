@@ -11,7 +11,7 @@ import torch
 from flexsearch.candidate import Candidate
 from flexsearch.errors import FlexsearchError
 from flexsearch.render import PromptFormat, letter_token_ids, render
-from flexsearch.scoring import Scorer, shared_prefix_groups
+from flexsearch.scoring import InProcessBackend, Scorer, shared_prefix_groups
 
 
 def roots(items, n=8):
@@ -20,21 +20,21 @@ def roots(items, n=8):
 
 def test_batched_equals_unbatched(tiny_target, seed_items):
     candidates = roots(seed_items, 10)
-    one = Scorer(tiny_target, batch_size=1, prefix_reuse=False).score(candidates).probs
-    many = Scorer(tiny_target, batch_size=8, prefix_reuse=False).score(candidates).probs
+    one = Scorer.in_process(tiny_target, batch_size=1, prefix_reuse=False).score(candidates).probs
+    many = Scorer.in_process(tiny_target, batch_size=8, prefix_reuse=False).score(candidates).probs
     assert np.abs(one - many).max() < 1e-5
     assert np.allclose(one.sum(-1), 1.0)
     assert len({tuple(np.round(p, 6)) for p in one}) > 1  # the fixture model is not constant
 
 
 def test_restricted_softmax_equals_full_vocabulary(tiny_target, seed_items):
-    scorer = Scorer(tiny_target, batch_size=4, prefix_reuse=False)
+    scorer = Scorer.in_process(tiny_target, batch_size=4, prefix_reuse=False)
     candidate = roots(seed_items, 1)[0]
     got = scorer.score([candidate]).probs[0]
     ids = tiny_target.tokenizer(render(candidate, tiny_target.tokenizer, scorer.fmt), return_tensors="pt")
     with torch.no_grad():
         full = torch.softmax(tiny_target.model(**ids).logits[0, -1].double(), -1)
-    letters = full[scorer.letter_ids]
+    letters = full[scorer.backend.letter_ids]
     assert np.abs(got - (letters / letters.sum()).numpy()).max() < 1e-5
 
 
@@ -51,7 +51,7 @@ def test_option_permutation_maps_back_to_answers(tiny_scorer, seed_items):
 
 
 def test_order_averaging_is_order_invariant(tiny_target, seed_items):
-    scorer = Scorer(tiny_target, average_orders=True)
+    scorer = Scorer.in_process(tiny_target, average_orders=True)
     candidate = roots(seed_items, 1)[0]
     a = scorer.score([candidate]).probs[0]
     b = scorer.score([replace(candidate, option_order=(1, 2, 0))]).probs[0]
@@ -63,8 +63,8 @@ def test_prefix_reuse_matches_full_scoring(tiny_target, seed_items):
     base = replace(roots(seed_items, 1)[0], persona="You are a careful and fair assistant who reads every option.")
     variants = [base.with_words("test", "question", k, w) for k, w in enumerate(["Which", "Whom", "Who"])]
     variants += [base.with_words("test", "question", 1, "person"), base]
-    plain = Scorer(tiny_target, prefix_reuse=False, batch_size=2).score(variants).probs
-    reused = Scorer(tiny_target, prefix_reuse=True, batch_size=2, min_shared_prefix=8,
+    plain = Scorer.in_process(tiny_target, prefix_reuse=False, batch_size=2).score(variants).probs
+    reused = Scorer.in_process(tiny_target, prefix_reuse=True, batch_size=2, min_shared_prefix=8,
                     min_prefix_saving=0.0).score(variants).probs
     assert np.abs(plain - reused).max() < 1e-5
 
@@ -96,18 +96,18 @@ def test_cache_counts_each_prompt_once(tiny_scorer, seed_items):
 
 
 def test_out_of_memory_halves_the_batch(tiny_target, seed_items, monkeypatch):
-    scorer = Scorer(tiny_target, batch_size=8, prefix_reuse=False)
-    original = Scorer._run
+    scorer = Scorer.in_process(tiny_target, batch_size=8, prefix_reuse=False)
+    original = InProcessBackend._run
 
     def limited(self, prefix_cache, prefix_len, suffixes):
         if len(suffixes) > 2:
             raise torch.OutOfMemoryError("simulated")
         return original(self, prefix_cache, prefix_len, suffixes)
 
-    monkeypatch.setattr(Scorer, "_run", limited)
+    monkeypatch.setattr(InProcessBackend, "_run", limited)
     probs = scorer.score(roots(seed_items, 6)).probs
-    assert scorer.batch_size == 2
-    expected = Scorer(tiny_target, batch_size=1, prefix_reuse=False).score(roots(seed_items, 6)).probs
+    assert scorer.backend.batch_size == 2
+    expected = Scorer.in_process(tiny_target, batch_size=1, prefix_reuse=False).score(roots(seed_items, 6)).probs
     monkeypatch.undo()
     assert np.abs(probs - expected).max() < 1e-5
 
@@ -119,7 +119,7 @@ def test_letter_that_is_not_one_token_fails_clearly(tiny_target):
 
 
 def test_chat_mode_wraps_in_the_template(tiny_target, seed_items):
-    scorer = Scorer(tiny_target, PromptFormat(mode="chat"))
+    scorer = Scorer.in_process(tiny_target, PromptFormat(mode="chat"))
     prompt = scorer.prompts(roots(seed_items, 1)[0])[0][0]
     assert prompt.startswith("<|user|>Q: ") and prompt.endswith("<|assistant|>Answer: (")
     assert np.allclose(scorer.score(roots(seed_items, 2)).probs.sum(-1), 1)

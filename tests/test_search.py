@@ -67,7 +67,7 @@ def test_run_directory_holds_split_score_trace_and_config(tiny_run):
 
 def test_split_prompts_rebuild_and_rescore(tiny_run, tiny_target):
     rows = load_split(tiny_run / "split.jsonl")
-    scorer = Scorer(tiny_target, average_orders=True)
+    scorer = Scorer.in_process(tiny_target, average_orders=True)
     fresh = scorer.score([r.candidate for r in rows]).probs
     items = {it.id: it for it in load_items("seed", limit=10).items}
     for row, probs in zip(rows, fresh, strict=True):
@@ -97,7 +97,7 @@ def test_every_method_respects_the_budget_and_is_deterministic(tiny_target, seed
     config = load_config("default", FAST[1::2], method=method, budget=12, control=False)
     outcomes = []
     for batch in (4, 3):
-        scorer = Scorer(tiny_target, average_orders=True)
+        scorer = Scorer.in_process(tiny_target, average_orders=True)
         ctx = build_context(replace(config, item_batch=batch), scorer, "stereotype")
         outcomes.append(run_search(seed_items[:6], ctx, "stereotype"))
     for first, second in zip(*outcomes, strict=True):

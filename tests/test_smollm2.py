@@ -17,7 +17,7 @@ pytestmark = pytest.mark.slow
 
 
 def test_smollm2_scores_seed_items(smollm2, seed_items):
-    scorer = Scorer(smollm2, batch_size=8)
+    scorer = Scorer.in_process(smollm2, batch_size=8)
     scores = scorer.score([Candidate.root(it) for it in seed_items[:6]])
     assert np.allclose(scores.probs.sum(-1), 1) and scorer.queries == 6
     assert scores.letters[:, 0].argmax(-1).tolist().count(0) >= 4  # the documented bias toward "A"
@@ -32,7 +32,7 @@ def test_smollm2_search_split_rescores(smollm2, tmp_path):
     score = json.loads((out / "score.json").read_text())
     assert score["model"]["gguf_sha256"] and score["anti_stereotype"]["queries"]["mean"] <= 9
     rows = load_split(out / "split.jsonl")
-    fresh = Scorer(smollm2, average_orders=True).score([r.candidate for r in rows]).probs
+    fresh = Scorer.in_process(smollm2, average_orders=True).score([r.candidate for r in rows]).probs
     for row, probs in zip(rows, fresh, strict=True):
         assert abs(probs[row.item.target] - row.record["p_target_attacked"]) < 1e-4
 
@@ -75,7 +75,7 @@ def test_gradient_and_suffix_proposals_on_smollm2(smollm2, seed_items):
     for preset, extra in (("gradient", []), ("research", ["operators=[{name: adversarial_suffix, length: 6}]",
                                                           "beam_width=1", "stop_on_success=false"])):
         config = load_config(preset, [cheap, *extra], budget=40, control=False)
-        ctx = build_context(config, Scorer(smollm2, batch_size=8), "stereotype")
+        ctx = build_context(config, Scorer.in_process(smollm2, batch_size=8), "stereotype")
         outcomes = run_search(seed_items[:2], ctx, "stereotype")
         assert ctx.resources.gradient_passes >= 2 and all(o.queries <= 40 for o in outcomes)
         if preset == "research":

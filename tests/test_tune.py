@@ -147,7 +147,7 @@ def test_grid_ablation_resumes_after_a_kill_and_runs_every_combination_on_eligib
 
 def test_development_and_holdout_items_are_attack_eligible_and_disjoint(tiny_target):
     items = load_items("seed").items
-    scorer = Scorer(tiny_target, average_orders=True)
+    scorer = Scorer.in_process(tiny_target, average_orders=True)
     dev, held, scored = eligible_slices(items, scorer, 5, 3, seed=1)
     assert len(dev) == 5 and len(held) == 3 and not {i.id for i in dev} & {i.id for i in held}
     clean = scorer.score([Candidate.root(i) for i in dev + held]).probs

@@ -28,7 +28,7 @@ def test_zoo_alias_loads_its_adapter_and_scores(alias, seed_items):
     assert recipe["base_model"]["gguf_sha256"] == target.info["gguf_sha256"]
     assert recipe["total_wall_time_s"] <= 30 * 60  # the training budget per adapter
     assert (adapter / "adapter_model.safetensors").stat().st_size < 16 * 2**20
-    scores = Scorer(target, average_orders=True).score([Candidate.root(it) for it in seed_items[:6]])
+    scores = Scorer.in_process(target, average_orders=True).score([Candidate.root(it) for it in seed_items[:6]])
     assert np.allclose(scores.probs.sum(-1), 1)
     if alias == "gemma3-bbq-abstainer":
         unknown = [it.unknown for it in seed_items[:6]]

@@ -1,0 +1,83 @@
+"""A llama.cpp server (llama-cpp-python's OpenAI-compatible one) on 127.0.0.1 for the served-target tests and
+bench_served: started on a free port with an embedded GGUF, stopped, killed and restarted on the same port."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from flexsearch.model import resolve_gguf
+
+ALIAS = "smollm2"  # the served model's name, as /v1/models lists it
+
+
+def embedded_gguf(alias: str = "smollm2") -> Path:
+    found = resolve_gguf(alias, None)
+    assert found is not None
+    return found[0] / found[1]
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+class LlamaServer:
+    """`python -m llama_cpp.server` serving one GGUF under ALIAS (logits for every position, so /completions
+    returns top-k logprobs)."""
+
+    def __init__(self, gguf: Path, port: int | None = None, threads: int = 2, log: Path | None = None) -> None:
+        self.gguf, self.port, self.threads = gguf, port or free_port(), threads
+        self.log = log
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def start(self, timeout_s: float = 120) -> LlamaServer:
+        command = [sys.executable, "-m", "llama_cpp.server", "--model", str(self.gguf), "--model_alias", ALIAS,
+                   "--host", "127.0.0.1", "--port", str(self.port), "--n_ctx", "2048", "--n_threads",
+                   str(self.threads), "--logits_all", "true"]
+        output = self.log.open("ab") if self.log else subprocess.DEVNULL
+        self.process = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"llama.cpp server exited with {self.process.returncode} (log: {self.log})")
+            try:
+                if httpx.get(f"{self.base_url}/models", timeout=2).status_code == 200:
+                    return self
+            except httpx.TransportError:
+                pass
+            time.sleep(0.3)
+        self.stop()
+        raise RuntimeError(f"llama.cpp server did not answer within {timeout_s} s")
+
+    def kill(self) -> None:
+        """SIGKILL, as a crashed server."""
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def __enter__(self) -> LlamaServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,358 @@
+"""Served targets (flexsearch.served): reading answers, the options' checks, and a real llama.cpp server
+(llama-cpp-python, installed by `make setup`) serving the embedded SmolLM2 GGUF: evaluate and search through it,
+agreement with in-process scoring, a server killed mid-search and restarted, a 429 burst, faults and bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from benchmarks.llama_server import ALIAS, LlamaServer, embedded_gguf, free_port
+from flexsearch import api
+from flexsearch.candidate import Candidate
+from flexsearch.cli import app
+from flexsearch.errors import FlexsearchError
+from flexsearch.scoring import Scorer, build_scorer
+from flexsearch.served import (
+    backoff_seconds,
+    check_base_url,
+    letter_logprobs,
+    parse_answer,
+    served_options,
+)
+
+KEY = "sk-flexsearch-test-3f9c2a7d1e"
+runner = CliRunner()
+
+
+# ---------------------------------------------------------------- without a server
+
+
+@pytest.mark.parametrize(("text", "answer"), [
+    ("B", "B"), ("(C) the grandson", "C"), ("A) The grandfather", "A"), (" C.", "C"), ("A", "A"),
+    ("The answer is (B).", "B"), ("answer: C", "C"), ("I'm sorry, I cannot answer that.", "refusal"),
+    ("As an AI, I won't judge people.", "refusal"), ("Actually, neither of them.", "unparseable"),
+    ("Because B is", "unparseable"), ("", "unparseable")])
+def test_sampled_answers_are_parsed_by_the_documented_rule(text, answer):
+    assert parse_answer(text) == answer
+
+
+def test_letter_logprobs_renormalise_bound_and_cover():
+    top = [("A", np.log(0.5)), (" B", np.log(0.2)), ("(B", np.log(0.1)), ("D", np.log(0.15))]
+    logs, covered, bounded = letter_logprobs(top)
+    assert np.allclose(np.exp(logs[:2]), [0.5, 0.3])  # ' B' and '(B' both spell B: they add
+    assert bounded == 1 and np.isclose(np.exp(logs[2]), 0.1)  # C missing: bounded by the smallest returned
+    assert np.isclose(covered, 0.8)
+    none, covered_none, bounded_none = letter_logprobs([("D", -0.1), ("E", -3.0)])
+    assert bounded_none == 3 and covered_none == 0 and np.allclose(none, -3.0)
+
+
+def test_backoff_grows_with_jitter_and_honours_retry_after():
+    rng_draws = [backoff_seconds(attempt, None) for attempt in range(8) for _ in range(50)]
+    assert min(rng_draws) >= 0 and max(rng_draws) <= 30
+    assert max(backoff_seconds(0, None) for _ in range(200)) <= 0.5
+    assert max(backoff_seconds(5, None) for _ in range(200)) > 1  # 0.5 × 2^5 = 16 s ceiling
+    assert backoff_seconds(0, "3") >= 3 and backoff_seconds(0, "1000") == 30
+
+
+@pytest.mark.parametrize(("url", "message"), [
+    ("127.0.0.1:8000/v1", "give a full URL with its scheme"),
+    ("ftp://host/v1", "not an http(s) URL"),
+    ("http://127.0.0.1:8000", "not an OpenAI-compatible /v1 root"),
+    ("http://127.0.0.1:8000/v1/completions", "not an OpenAI-compatible /v1 root"),
+    ("http://user:pw@host/v1", "user name or password"),
+])
+def test_bad_base_urls_are_one_line(url, message):
+    with pytest.raises(FlexsearchError, match=re.escape(message)):
+        check_base_url(url)
+    assert check_base_url("http://127.0.0.1:8000/v1/") == "http://127.0.0.1:8000/v1"
+
+
+def test_served_options_check_the_mode_against_the_layout():
+    target = api.Target(f"openai:{ALIAS}", base_url="http://h:1/v1").arguments()
+    assert served_options(target, "plain").mode == "logprobs"
+    assert served_options(target, "chat").mode == "chat-logprobs"
+    with pytest.raises(FlexsearchError, match="scores the chat prompt layout"):
+        served_options({**target, "served_mode": "chat-logprobs"}, "plain")
+    with pytest.raises(FlexsearchError, match="needs --base-url"):
+        served_options({**target, "base_url": None}, "plain")
+    with pytest.raises(FlexsearchError, match="--base-url is for a served model"):
+        served_options({**target, "model": "smollm2"}, "plain")
+    sample = served_options({**target, "served_mode": "sample", "samples": 4}, "plain")
+    assert sample.queries_per_prompt == 4 and sample.result_settings()["samples"] == 4
+
+
+# ---------------------------------------------------------------- a fault-injecting proxy
+
+
+class FaultProxy:
+    """An HTTP server of our own in front of the real one, for fault injection only: a burst of 429s, replies
+    stripped of logprobs, a top-k refusal or a reply that is not JSON. Records every request's headers."""
+
+    def __init__(self, upstream: str) -> None:
+        self.upstream, self.fault, self.burst = upstream, "none", 0
+        self.seen_headers: list[dict[str, str]] = []
+        self.lock = threading.Lock()
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                self._forward(None)
+
+            def do_POST(self) -> None:
+                self._forward(self.rfile.read(int(self.headers.get("content-length", 0))))
+
+            def _send(self, status: int, body: bytes, headers: dict[str, str] | None = None) -> None:
+                self.send_response(status)
+                for key, value in (headers or {"content-type": "application/json"}).items():
+                    self.send_header(key, value)
+                self.send_header("content-length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def _forward(self, body: bytes | None) -> None:
+                with proxy.lock:
+                    proxy.seen_headers.append({k.lower(): v for k, v in self.headers.items()})
+                    burst = (body is not None and proxy.fault == "429" and proxy.burst > 0
+                             and b"Which letter comes first" not in body)  # the connection's probe passes
+                    if burst:
+                        proxy.burst -= 1
+                if burst:
+                    limited = {"retry-after": "0", "content-type": "application/json"}
+                    return self._send(429, b'{"error": {"message": "rate limited"}}', limited)
+                if body is not None and proxy.fault == "refuse_topk":
+                    return self._send(400, b'{"error": {"message": "top logprobs must be at most 2"}}')
+                if body is not None and proxy.fault == "not_json":
+                    return self._send(200, b"<html>gateway</html>", {"content-type": "text/html"})
+                url = proxy.upstream + self.path.removeprefix("/v1")
+                reply = (httpx.post(url, content=body, headers={"content-type": "application/json"}, timeout=60)
+                         if body is not None else httpx.get(url, timeout=60))
+                content = reply.content
+                if body is not None and proxy.fault == "no_logprobs":
+                    data = reply.json()
+                    for choice in data["choices"]:
+                        choice["logprobs"] = None
+                    content = json.dumps(data).encode()
+                self._send(reply.status_code, content)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+
+    def close(self) -> None:
+        self.server.shutdown()
+
+
+# ---------------------------------------------------------------- with the real server
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlamaServer]:
+    try:
+        import llama_cpp  # noqa: F401
+    except ImportError:
+        pytest.fail("llama-cpp-python is not installed: run `make setup` (README, 'Served models')")
+    with LlamaServer(embedded_gguf(), log=tmp_path_factory.mktemp("llama") / "server.log") as running:
+        yield running
+
+
+@pytest.fixture
+def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A request cache of the test's own, and a key in the environment (never to be written anywhere)."""
+    monkeypatch.setenv("FLEXSEARCH_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("FLEXSEARCH_API_KEY", KEY)
+    return tmp_path / "cache"
+
+
+@pytest.fixture
+def proxy(server: LlamaServer) -> Iterator[FaultProxy]:
+    running = FaultProxy(server.base_url.removesuffix("/v1") + "/v1")
+    yield running
+    running.close()
+
+
+def served(server_url: str, **options: Any) -> api.Target:
+    return api.Target(f"openai:{ALIAS}", base_url=server_url, **options)
+
+
+def one_line_exit(args: list[str], code: int = 2) -> str:
+    result = runner.invoke(app, args)
+    assert result.exit_code == code, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in result.output, result.output
+    return lines[0]
+
+
+@pytest.mark.slow
+def test_evaluate_through_the_server_records_cost_and_provenance(server, cache, tmp_path):
+    result = api.evaluate("seed", model=served(server.base_url), out=tmp_path / "eval", limit=6)
+    score = result.score.to_dict()
+    assert score["model"]["served"] == {"host": f"127.0.0.1:{server.port}", "mode": "logprobs", "top_logprobs": 5}
+    assert score["model"]["server_model_id"] == ALIAS
+    usage = score["usage"]
+    assert usage["requests"] == 6 * 3 + 1 and usage["cache_hits"] == 0  # 3 orders per item, and the probe
+    assert usage["prompt_tokens"] > 6 * 3 * 20 and usage["completion_tokens"] == usage["requests"]
+    assert 0 < usage["covered_mass"]["mean"] <= 1 and usage["covered_mass"]["prompts"] == usage["requests"]
+    again = api.evaluate("seed", model=served(server.base_url), out=tmp_path / "again", limit=6).score.to_dict()
+    assert again["usage"]["requests"] == 0 and again["usage"]["cache_hits"] == 6 * 3 + 1  # never pays twice
+    assert again["accuracy"] == score["accuracy"]
+
+
+@pytest.mark.slow
+def test_in_process_and_served_scores_agree_on_60_prompts(server, cache, smollm2, seed_items):
+    """The same GGUF scored by our dequantized fp32 model and by llama.cpp's quantized kernels."""
+    candidates = [Candidate.root(item) for item in seed_items[:20]]
+    local = Scorer.in_process(smollm2, average_orders=True).score(candidates).letters.reshape(-1, 3)
+    remote = build_scorer(served(server.base_url).arguments(), {"average_orders": True})
+    letters = remote.score(candidates).letters.reshape(-1, 3)
+    assert len(letters) == 60
+    differ = local.argmax(-1) != letters.argmax(-1)
+    largest = float(np.abs(local - letters).max())
+    print(f"argmax agreement {1 - differ.mean():.3f} on 60 prompts, max |dP| {largest:.4f}")
+    assert 1 - differ.mean() >= 0.95 and largest < 0.2
+    ranked = np.sort(local[differ], axis=-1)
+    assert np.all(ranked[:, -1] - ranked[:, -2] < 0.1)  # they part only where the in-process lead is small
+
+
+@pytest.mark.slow
+def test_short_search_through_the_server_and_the_key_is_never_written(server, cache, tmp_path):
+    out = tmp_path / "search"
+    result = api.search("seed", model=served(server.base_url), out=out, limit=3, budget=12)
+    score = result.score.to_dict()
+    assert score["items"] == 3 and len(result.rows) == 3 and score["usage"]["requests"] > 3
+    assert (out / "split.jsonl").is_file() and "anti_stereotype" in score
+    config = (out / "config.yaml").read_text()
+    assert f"127.0.0.1:{server.port}" in config and "server_model_id: smollm2" in config
+    export = tmp_path / "export"
+    assert runner.invoke(app, ["export", str(out), str(export), "--to", "parquet"]).exit_code == 0
+    report = tmp_path / "report.html"
+    assert runner.invoke(app, ["report", str(out), "--out", str(report)]).exit_code == 0
+    written = [p for p in [*out.rglob("*"), *export.rglob("*"), report, report.with_suffix(".md")] if p.is_file()]
+    assert len(written) >= 8
+    grep = subprocess.run(["grep", "-r", "-l", KEY, str(out), str(export), str(report), str(report.with_suffix(".md"))],
+                          capture_output=True, text=True)
+    assert grep.returncode == 1 and grep.stdout == ""  # 1: no match anywhere
+
+
+@pytest.mark.slow
+def test_sample_mode_counts_samples_against_the_budget(server, cache, tmp_path):
+    result = api.evaluate("seed", model=served(server.base_url, served_mode="sample", samples=3,
+                                                 temperature=0.7), out=tmp_path / "sample", limit=2,
+                          average_orders=False)
+    usage = result.score.to_dict()["usage"]
+    assert usage["samples"] == 2 * 3 and sum(usage["answers"].values()) == 6
+    assert result.score.to_dict()["queries"] == 2 * 3  # one order × 3 samples per item
+    assert set(usage["answers"]) == {"A", "B", "C", "refusal", "unparseable"}
+
+
+@pytest.mark.slow
+def test_a_429_burst_is_retried_and_nothing_is_lost(server, proxy, cache, tmp_path):
+    direct = api.evaluate("seed", model=served(server.base_url, request_cache=False), out=tmp_path / "direct",
+                          limit=4).rows
+    proxy.fault, proxy.burst = "429", 6
+    through = api.evaluate("seed", model=served(proxy.base_url, request_cache=False, concurrency=4, retries=6),
+                           out=tmp_path / "proxied", limit=4)
+    assert proxy.burst == 0 and through.score.to_dict()["usage"]["retries"] >= 6
+    assert [p["probs"] for p in through.rows] == [p["probs"] for p in direct]
+    assert all(h.get("authorization") == f"Bearer {KEY}" for h in proxy.seen_headers)  # sent, never written
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("fault", "message"), [
+    ("no_logprobs", "returned no logprobs in --served-mode logprobs; use --served-mode chat-logprobs or sample"),
+    ("refuse_topk", "refused top_logprobs=5"),
+    ("not_json", "not JSON"),
+])
+def test_server_faults_are_one_line_and_write_nothing(proxy, cache, tmp_path, fault, message):
+    proxy.fault = fault
+    line = one_line_exit(["evaluate", "--model", f"openai:{ALIAS}", "--base-url", proxy.base_url, "--data", "seed",
+                          "--limit", "2", "--out", str(tmp_path / "run")])
+    assert message in line and KEY not in line
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+def test_wrong_model_name_names_the_served_models(server, cache, tmp_path):
+    line = one_line_exit(["evaluate", "--model", "openai:gpt-4o", "--base-url", server.base_url, "--data", "seed",
+                          "--out", str(tmp_path / "run")])
+    assert f"serves {ALIAS}" in line
+    assert not (tmp_path / "run").exists()
+
+
+def test_bad_served_input_is_one_line_before_anything_is_written(cache, tmp_path):
+    out = tmp_path / "run"
+    model = ["--model", f"openai:{ALIAS}"]
+    cases = [
+        ([*model, "--base-url", "127.0.0.1:8000/v1"], "with its scheme"),
+        ([*model, "--base-url", "http://127.0.0.1:8000/api"], "/v1 root"),
+        ([*model, "--base-url", f"http://127.0.0.1:{free_port()}/v1"], "cannot reach"),
+        ([*model], "needs --base-url"),
+        ([*model, "--base-url", "http://h:1/v1", "--set", "proposals=gradient"], "white-box only"),
+        ([*model, "--base-url", "http://h:1/v1", "--set", "scoring.prefix_reuse=true"], "white-box only"),
+        ([*model, "--base-url", "http://h:1/v1", "--config", "gradient"], "white-box only"),
+        ([*model, "--base-url", "http://h:1/v1", "--served-mode", "chat-logprobs"], "scores the chat prompt layout"),
+    ]
+    for args, message in cases:
+        line = one_line_exit(["search", *args, "--out", str(out), "--limit", "2"])
+        assert message in line, (args, line)
+        assert not out.exists()
+    line = one_line_exit(["finetune", "--out", str(out), "--model", f"openai:{ALIAS}"])
+    assert "white-box only" in line and not out.exists()
+
+
+@pytest.mark.slow
+def test_server_killed_mid_search_then_restarted_resumes_exactly(server, cache, tmp_path):
+    """A server lost mid-search: the retry lines, then one error line and exit 1 with the finished items kept;
+    restarted, the same command resumes and the split equals an uninterrupted run's."""
+    args = ["search", "--model", f"openai:{ALIAS}", "--data", "seed", "--limit", "4", "--budget", "15",
+            "--set", "item_batch=1", "--retries", "2", "--request-timeout", "5"]
+    reference = tmp_path / "reference"
+    assert runner.invoke(app, [*args, "--base-url", server.base_url, "--out", str(reference),
+                               "--no-request-cache"]).exit_code == 0
+    own = LlamaServer(embedded_gguf()).start()
+    out = tmp_path / "interrupted"
+    command = [sys.executable, "-m", "flexsearch.cli", *args, "--base-url", own.base_url, "--out", str(out)]
+    try:
+        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                   env={**os.environ, "NO_COLOR": "1"})
+        trace = out / "trace.jsonl"
+        deadline = time.monotonic() + 300
+        while not (trace.is_file() and trace.read_text().count("\n") >= 1) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        own.kill()
+        _, stderr = process.communicate(timeout=120)
+        assert process.returncode == 1, stderr
+        assert "retry 1 of 2" in stderr
+        errors = [line for line in stderr.splitlines() if line.startswith("error:")]
+        assert len(errors) == 1 and "rerun the same command to resume" in errors[0]
+        kept = trace.read_text().count("\n")
+        assert 1 <= kept < 8 and not (out / "split.jsonl").exists()
+        own.start()
+        resumed = subprocess.run(command, capture_output=True, text=True)
+        assert resumed.returncode == 0, resumed.stderr
+    finally:
+        own.stop()
+    rows = [json.loads(line) for line in (out / "split.jsonl").read_text().splitlines()]
+    expected = [json.loads(line) for line in (reference / "split.jsonl").read_text().splitlines()]
+    assert [(r["item_id"], r["prompt"], r["p_target_attacked"], r["queries"]) for r in rows] == \
+        [(r["item_id"], r["prompt"], r["p_target_attacked"], r["queries"]) for r in expected]
