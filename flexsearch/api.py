@@ -251,7 +251,8 @@ def _search_objectives(run: RunDirectory, items: list[Item], objectives: list[st
             if ray is not None:
                 from flexsearch.distributed import search_on_ray
 
-                retries += search_on_ray(todo, config, target.arguments(), objective, keep, bar, **asdict(ray))
+                retries += search_on_ray(todo, config, target.arguments(), objective, keep, bar,
+                                         on_usage=scorer.backend.merge_usage, **asdict(ray))
             else:
                 run_search(todo, build_context(config, scorer, objective), objective, progress=bar,
                            on_batch_done=lambda batch: keep([o.to_record() for o in batch]))
@@ -305,9 +306,10 @@ def _search_score(items: list[Item], done: dict[str, dict[str, dict[str, Any]]],
         "average_orders": config.scoring.average_orders, "queries_per_candidate": scorer.queries_per_candidate,
         "backend": "ray" if ray is not None else "local", "worker_retries": retries,
         "success_margin": config.success_margin, **scorer.served_usage(),
-        # items whose search scored nothing but the clean prompt: the budget never reached an operator
-        "untried_items": {o: sum(done[o][it.id]["queries"] <= scorer.queries_per_candidate for it in items)
-                          for o in objectives},
+        # items whose search scored nothing but the clean prompt, which had not already reached the aim (a search
+        # stops there on success): the budget never reached an operator
+        "untried_items": {o: sum(done[o][it.id]["queries"] <= scorer.queries_per_candidate
+                                 and not done[o][it.id]["success"] for it in items) for o in objectives},
         **robustness_score(items, arrays[config.objective], arrays.get("anti_stereotype"), config.budget, letters,
                            config.success_margin),
     }

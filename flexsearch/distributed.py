@@ -35,10 +35,12 @@ class SearchWorker:
         self.ctx = build_context(search_config, self.scorer, objective)
         self.objective = objective
 
-    def search(self, items: list[Item]) -> list[dict[str, Any]]:
+    def search(self, items: list[Item]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        """The chunk's outcome records, and what scoring it cost (a served target's requests)."""
         from flexsearch.search_loop import run_search
 
-        return [o.to_record() for o in run_search(items, self.ctx, self.objective)]
+        records = [o.to_record() for o in run_search(items, self.ctx, self.objective)]
+        return records, self.scorer.backend.take_usage()
 
 
 def _ray():
@@ -56,12 +58,14 @@ def search_on_ray(
     objective: str,
     on_batch_done: Callable[[list[dict[str, Any]]], None],
     progress: tqdm | None = None,
+    on_usage: Callable[[dict[str, Any]], None] = lambda counters: None,
     *,
     workers: int = 2,
     address: str | None = None,
     gpus_per_worker: float = 0,
 ) -> int:
-    """Searches `items` on `workers` Ray actors; returns how many chunks had to be retried."""
+    """Searches `items` on `workers` Ray actors; returns how many chunks had to be retried. `on_usage` receives
+    each finished chunk's scoring cost (a served target's requests), for score.json."""
     ray = _ray()
     if not ray.is_initialized():
         # Without an address Ray starts a local instance; with one it joins that cluster.
@@ -85,12 +89,13 @@ def search_on_ray(
         ready, _ = ray.wait(list(in_flight), num_returns=1)
         actor, chunk = in_flight.pop(ready[0])
         try:
-            records = ray.get(ready[0])
+            records, usage = ray.get(ready[0])
         except (ray.exceptions.RayActorError, ray.exceptions.WorkerCrashedError):
             queue.append(chunk)  # the worker is gone: another one takes its chunk
             retries += 1
             continue
         idle.append(actor)
+        on_usage(usage)
         on_batch_done(records)
         finished += records
         if progress is not None:

@@ -94,10 +94,20 @@ def model_arguments(model: dict[str, Any]) -> str:
     return ",".join(args)
 
 
+def lm_eval_model(model: dict[str, Any]) -> str:
+    """lm_eval's `--model` and `--model_args` for the searched model: the hf loader in process; for a served
+    model lm-eval's local-completions client on the same server (its host as recorded; the scheme and path
+    prefix, if not http and /v1, are the user's to restore)."""
+    if model.get("served"):
+        name = str(model["model"]).removeprefix("openai:")
+        return (f'--model local-completions --model_args "model={name},base_url=http://{model["served"]["host"]}'
+                '/v1/completions,tokenized_requests=False"')
+    return f'--model hf --model_args "{model_arguments(model)}"'
+
+
 def lm_eval_command(about: dict[str, Any], folder: Path, task: str) -> str:
     """The lm_eval command line that reproduces flexsearch's accuracy on the exported split."""
-    return (f'lm_eval --model hf --model_args "{model_arguments(about["model"])}" '
-            f"--include_path {portable_path(str(folder))} --tasks {task}")
+    return f"lm_eval {lm_eval_model(about['model'])} --include_path {portable_path(str(folder))} --tasks {task}"
 
 
 def _provenance(run: Path, config: dict[str, Any], score: dict[str, Any], n_rows: int, to: str,
@@ -248,15 +258,15 @@ DOCUMENT_FIELDS = {
 
 
 def _lm_eval_usage(name: str, about: dict[str, Any]) -> str:
-    searched = f'--model_args "{model_arguments(about["model"])}"'
+    searched = lm_eval_model(about["model"])
     return f"""## Running it
 
 The searched model (`{about['model'].get('model')}`), as flexsearch scored it (a GGUF model is read from the
 dequantised copy flexsearch caches on its first load; run any flexsearch command on it once to make it):
 
 ```bash
-lm_eval --model hf {searched} --include_path THIS_FOLDER --tasks {name}
-lm_eval --model hf {searched} --include_path THIS_FOLDER --tasks {name}_orders
+lm_eval {searched} --include_path THIS_FOLDER --tasks {name}
+lm_eval {searched} --include_path THIS_FOLDER --tasks {name}_orders
 ```
 
 Any other model (the split's transfer to it):

@@ -106,6 +106,14 @@ class ScoringBackend(Protocol):
         """Fields for the progress bar (requests/s, retries); empty in process."""
         ...
 
+    def take_usage(self) -> dict[str, Any]:
+        """The raw cost counters gathered since the last call, then reset (a Ray worker reports its share)."""
+        ...
+
+    def merge_usage(self, counters: dict[str, Any]) -> None:
+        """Adds another process's take_usage() to this backend's cost."""
+        ...
+
 
 class Scorer:
     """Scores candidates on a backend: renders each in its option orders, averages the orders when asked,
@@ -239,6 +247,12 @@ class InProcessBackend:
 
     def progress(self) -> dict[str, str]:
         return {}
+
+    def take_usage(self) -> dict[str, Any]:
+        return {}
+
+    def merge_usage(self, counters: dict[str, Any]) -> None:
+        pass
 
     def letter_probs(self, prompts: Sequence[str]) -> np.ndarray:
         sequences = [self._encode(p) for p in prompts]

@@ -24,9 +24,10 @@ import re
 import sqlite3
 import sys
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Coroutine, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 import httpx
@@ -39,6 +40,7 @@ from flexsearch.errors import FlexsearchError, ServerUnavailable
 from flexsearch.model import TargetModel, cache_root
 from flexsearch.render import LETTERS, PromptFormat, render
 
+T = TypeVar("T")
 SERVED_PREFIX = "openai:"
 SERVED_MODES = ("logprobs", "chat-logprobs", "sample")
 KEY_VARIABLES = ("FLEXSEARCH_API_KEY", "OPENAI_API_KEY")  # the first one set is used
@@ -102,9 +104,10 @@ def served_options(target: dict[str, Any], scoring_mode: str) -> ServedOptions |
     written); None for an in-process model."""
     spec, base_url = target["model"], target.get("base_url")
     if not is_served(spec):
-        if base_url:
-            raise FlexsearchError(f"--base-url is for a served model: give --model {SERVED_PREFIX}NAME "
-                                  "(NAME as the server lists it)")
+        for key, default in SERVED_DEFAULTS.items():
+            if target.get(key, default) != default:
+                raise FlexsearchError(f"--{key.replace('_', '-')} is for a served model: give --model "
+                                      f"{SERVED_PREFIX}NAME (NAME as the server lists it) and --base-url")
         return None
     name = spec.removeprefix(SERVED_PREFIX)
     if not name:
@@ -206,7 +209,8 @@ class RequestCache:
         if enabled:
             path = cache_root() / "served-requests.sqlite"
             path.parent.mkdir(parents=True, exist_ok=True)
-            self._db = sqlite3.connect(path, timeout=60)
+            # used from one thread at a time, not always the one that opened it (run_to_completion)
+            self._db = sqlite3.connect(path, timeout=60, check_same_thread=False)
             self._db.execute("CREATE TABLE IF NOT EXISTS reply (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
 
     @staticmethod
@@ -243,6 +247,18 @@ class Usage:
     answers: dict[str, int] = field(default_factory=lambda: {**dict.fromkeys(LETTERS, 0), "refusal": 0,
                                                              "unparseable": 0})  # sample mode
     no_answer_prompts: int = 0  # sample mode: no sample gave a letter (scored uniform)
+
+    def merge(self, counters: dict[str, Any]) -> None:
+        """Adds another Usage's fields (dataclasses.asdict of it)."""
+        for name, value in counters.items():
+            mine = getattr(self, name)
+            if isinstance(mine, dict):
+                for key, count in value.items():
+                    mine[key] = mine.get(key, 0) + count
+            elif isinstance(mine, list):
+                mine.extend(value)
+            else:
+                setattr(self, name, mine + value)
 
     def to_dict(self, mode: str) -> dict[str, Any]:
         found: dict[str, Any] = {"requests": self.requests, "cache_hits": self.cache_hits, "retries": self.retries,
@@ -313,10 +329,17 @@ class ServedBackend:
         rate = used.requests / max(used.request_seconds, 1e-9)
         return {"req_per_s": f"{rate:.1f}", "retries": str(used.retries)}
 
+    def take_usage(self) -> dict[str, Any]:
+        taken, self.usage_so_far = asdict(self.usage_so_far), Usage()
+        return taken
+
+    def merge_usage(self, counters: dict[str, Any]) -> None:
+        self.usage_so_far.merge(counters)
+
     def letter_probs(self, prompts: Sequence[str]) -> np.ndarray:
         started = time.perf_counter()
         try:
-            rows = asyncio.run(self._score_all(prompts))
+            rows = run_to_completion(self._score_all(prompts))
         finally:
             self.usage_so_far.request_seconds += time.perf_counter() - started
         return np.array(rows, dtype=np.float64).reshape(len(prompts), 3)
@@ -452,6 +475,17 @@ class ServedBackend:
         used.bounded_prompts += bounded > 0
         weights = np.exp(logs - logs.max())
         return weights / weights.sum()
+
+
+def run_to_completion(work: Coroutine[Any, Any, T]) -> T:
+    """Runs a coroutine from synchronous code, also where an event loop is already running (a notebook): there
+    in a thread of its own."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(work)
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(asyncio.run, work).result()
 
 
 def backoff_seconds(attempt: int, retry_after: str | None) -> float:

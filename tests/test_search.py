@@ -225,3 +225,16 @@ def test_a_budget_that_never_reaches_an_operator_is_refused_or_said(tiny_model_d
     short = sum(w > min(words) for w in words)  # their probes alone overrun the budget
     assert score["untried_items"]["stereotype"] == short
     assert (f"warning: {short} of 3 items tried no attack toward stereotype" in output) == (short > 0)
+
+
+def test_an_item_already_at_its_aim_when_clean_is_not_counted_untried(tiny_model_dir, tmp_path):
+    """A search stops at once when the clean prompt already reaches the aim: not a budget that ran out."""
+    run_cli(["search", "--model", str(tiny_model_dir), "--data", "seed", "--limit", "24", "--budget", "30",
+             "--out", str(tmp_path / "run")])
+    score = json.loads((tmp_path / "run" / "score.json").read_text())
+    records = [json.loads(line) for line in (tmp_path / "run" / "trace.jsonl").read_text().splitlines()]
+    at_aim = [r for r in records if r["queries"] <= 3 and r["success"]]
+    assert at_aim  # the tiny model answers some items with the aim when clean (else this checks nothing)
+    for objective in ("stereotype", "anti_stereotype"):
+        expected = sum(r["queries"] <= 3 and not r["success"] for r in records if r["objective"] == objective)
+        assert score["untried_items"][objective] == expected

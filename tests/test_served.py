@@ -19,6 +19,7 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
+import yaml
 from typer.testing import CliRunner
 
 from benchmarks.llama_server import ALIAS, LlamaServer, embedded_gguf, free_port
@@ -92,6 +93,9 @@ def test_served_options_check_the_mode_against_the_layout():
         served_options({**target, "base_url": None}, "plain")
     with pytest.raises(FlexsearchError, match="--base-url is for a served model"):
         served_options({**target, "model": "smollm2"}, "plain")
+    with pytest.raises(FlexsearchError, match="--samples is for a served model"):
+        served_options({**api.Target("smollm2").arguments(), "samples": 3}, "plain")
+    assert served_options(api.Target("smollm2").arguments(), "plain") is None
     sample = served_options({**target, "served_mode": "sample", "samples": 4}, "plain")
     assert sample.queries_per_prompt == 4 and sample.result_settings()["samples"] == 4
 
@@ -245,12 +249,15 @@ def test_short_search_through_the_server_and_the_key_is_never_written(server, ca
     assert f"127.0.0.1:{server.port}" in config and "server_model_id: smollm2" in config
     export = tmp_path / "export"
     assert runner.invoke(app, ["export", str(out), str(export), "--to", "parquet"]).exit_code == 0
+    printed = runner.invoke(app, ["export", str(out), str(tmp_path / "lm-eval")])
+    assert printed.exit_code == 0 and f"local-completions --model_args \"model={ALIAS},base_url=http://127.0.0.1:" \
+        f"{server.port}/v1/completions" in printed.output
     report = tmp_path / "report.html"
     assert runner.invoke(app, ["report", str(out), "--out", str(report)]).exit_code == 0
     written = [p for p in [*out.rglob("*"), *export.rglob("*"), report, report.with_suffix(".md")] if p.is_file()]
     assert len(written) >= 8
-    grep = subprocess.run(["grep", "-r", "-l", KEY, str(out), str(export), str(report), str(report.with_suffix(".md"))],
-                          capture_output=True, text=True)
+    grep = subprocess.run(["grep", "-r", "-l", KEY, str(out), str(export), str(tmp_path / "lm-eval"), str(report),
+                           str(report.with_suffix(".md"))], capture_output=True, text=True)
     assert grep.returncode == 1 and grep.stdout == ""  # 1: no match anywhere
 
 
@@ -263,6 +270,46 @@ def test_sample_mode_counts_samples_against_the_budget(server, cache, tmp_path):
     assert usage["samples"] == 2 * 3 and sum(usage["answers"].values()) == 6
     assert result.score.to_dict()["queries"] == 2 * 3  # one order × 3 samples per item
     assert set(usage["answers"]) == {"A", "B", "C", "refusal", "unparseable"}
+
+
+@pytest.mark.slow
+def test_chat_logprobs_reads_the_letters_of_a_chat_reply(server, cache, tmp_path):
+    result = api.evaluate("seed", model=served(server.base_url), out=tmp_path / "chat", limit=3, mode="chat")
+    score = result.score.to_dict()
+    assert score["model"]["served"]["mode"] == "chat-logprobs"
+    mass = score["usage"]["covered_mass"]
+    assert mass["prompts"] == 3 * 3 + 1 and 0 < mass["min"] <= mass["mean"] <= 1
+    assert all(np.isclose(sum(row["probs"]), 1, atol=1e-5) for row in result.rows)
+
+
+@pytest.mark.slow
+def test_ray_workers_search_the_server_and_their_requests_are_summed(server, cache, tmp_path):
+    ray = pytest.importorskip("ray")
+    target = served(server.base_url, request_cache=False)
+    options = {"limit": 4, "budget": 9, "overrides": ["item_batch=2"]}
+    local = api.search("seed", model=target, out=tmp_path / "local", **options)
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    try:
+        spread = api.search("seed", model=target, out=tmp_path / "ray", ray=api.RayOptions(workers=2), **options)
+    finally:
+        ray.shutdown()
+    assert [(r["item_id"], r["prompt"]) for r in spread.rows] == [(r["item_id"], r["prompt"]) for r in local.rows]
+    # one process shares its prompt cache over both objectives; the workers' caches are their own
+    local_usage, ray_usage = local.score.to_dict()["usage"], spread.score.to_dict()["usage"]
+    assert ray_usage["requests"] >= local_usage["requests"] > 4 * 3 + 1
+
+
+@pytest.mark.slow
+def test_tune_runs_on_a_served_target(server, cache, tmp_path):
+    space = tmp_path / "space.yaml"
+    space.write_text(yaml.safe_dump({"base": "templates_only", "params": {"beam_width": {"int": [1, 2]}}}))
+    out = tmp_path / "tune"
+    result = runner.invoke(app, ["tune", "--model", f"openai:{ALIAS}", "--base-url", server.base_url, "--data", "seed",
+                                 "--space", str(space), "--trials", "2", "--budget", "6", "--dev-items", "3",
+                                 "--holdout-items", "2", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    summary = json.loads((out / "tune.json").read_text())
+    assert summary["trials"] == 2 and summary["dev_items"] == 3 and summary["holdout"]["items"] == 2
 
 
 @pytest.mark.slow
@@ -356,3 +403,19 @@ def test_server_killed_mid_search_then_restarted_resumes_exactly(server, cache, 
     expected = [json.loads(line) for line in (reference / "split.jsonl").read_text().splitlines()]
     assert [(r["item_id"], r["prompt"], r["p_target_attacked"], r["queries"]) for r in rows] == \
         [(r["item_id"], r["prompt"], r["p_target_attacked"], r["queries"]) for r in expected]
+
+
+def test_scoring_works_inside_a_running_event_loop():
+    """The Python API from a notebook, where an event loop is already running."""
+    import asyncio
+
+    from flexsearch.served import run_to_completion
+
+    async def inner() -> int:
+        await asyncio.sleep(0)
+        return 7
+
+    async def notebook_cell() -> int:
+        return run_to_completion(inner())
+
+    assert run_to_completion(inner()) == 7 and asyncio.run(notebook_cell()) == 7

@@ -1,0 +1,103 @@
+"""In-process scoring vs the same GGUF behind llama.cpp's OpenAI-compatible server (issue 26).
+
+One embedded GGUF (SmolLM2-135M-Instruct, Q4_1), the seed set's clean prompts in their three option orders:
+prompts/s in process (our fp32 dequantized model, the default preset's scoring) and through the server at
+each concurrency, with the served scores' argmax agreement and largest |ΔP| against the in-process ones. Then
+the default search on the first seed items at each budget, both ways: wall time, queries, requests, tokens, ASR
+and verdict. Request caches are off, so every served prompt is paid for. Appends to RESULTS.md.
+
+    python -m benchmarks.bench_served [--items 12] [--budgets 30 50] [--concurrency 1 2 4 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from benchmarks.common import record, roots, timed
+from benchmarks.llama_server import ALIAS, LlamaServer, embedded_gguf
+from flexsearch import api
+from flexsearch.config import load_config
+from flexsearch.items import load_items
+from flexsearch.model import load_target
+from flexsearch.scoring import Scorer, build_scorer
+
+
+def served_target(base_url: str, concurrency: int = 4) -> api.Target:
+    return api.Target(f"openai:{ALIAS}", base_url=base_url, concurrency=concurrency, request_cache=False)
+
+
+def throughput(server: LlamaServer, concurrency: list[int]) -> tuple[list[list[str]], int]:
+    items = load_items("seed").items
+    scoring = load_config("default").scoring
+    local_scorer = Scorer.from_config(load_target("smollm2", device="cpu"), scoring)
+    prompts = [p for c in roots(items) for p, _ in local_scorer.prompts(c)]
+    local, seconds = timed(lambda: local_scorer.backend.letter_probs(prompts))
+    rows = [["in process (fp32, batch 16)", "-", f"{len(prompts) / seconds:.1f}", f"{seconds:.1f}", "1.000", "0"]]
+    for level in concurrency:
+        scorer = build_scorer(served_target(server.base_url, level).arguments(), {"average_orders": True})
+        remote, seconds = timed(lambda scorer=scorer: scorer.backend.letter_probs(prompts))
+        agree = np.mean(local.argmax(-1) == remote.argmax(-1))
+        rows.append([f"llama.cpp server (Q4_1, {server.threads} threads)", str(level),
+                     f"{len(prompts) / seconds:.1f}", f"{seconds:.1f}", f"{agree:.3f}",
+                     f"{np.abs(local - remote).max():.3f}"])
+    return rows, len(prompts)
+
+
+def search_cost(target: api.Target | str, items: int, budget: int, out: Path) -> tuple[dict[str, Any], float, str]:
+    result, seconds = timed(lambda: api.search("seed", model=target, out=out, limit=items, budget=budget))
+    return result.score.to_dict(), seconds, result.table
+
+
+def table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return "\n".join([*lines, *("| " + " | ".join(r) + " |" for r in rows)])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--items", type=int, default=12)
+    parser.add_argument("--budgets", type=int, nargs="+", default=[30, 50])
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8])
+    args = parser.parse_args()
+    threads = os.cpu_count() or 2
+    with tempfile.TemporaryDirectory() as scratch, LlamaServer(embedded_gguf(), threads=threads) as server:
+        os.environ["FLEXSEARCH_CACHE"] = str(Path(scratch) / "cache")  # the converted GGUF is rebuilt once
+        rate_rows, prompts = throughput(server, args.concurrency)
+        search_rows, tables = [], []
+        for budget in args.budgets:
+            for name, target in (("in process", "smollm2"), ("served", served_target(server.base_url))):
+                score, seconds, text = search_cost(target, args.items, budget, Path(scratch) / f"{name}-{budget}")
+                usage = score.get("usage", {})
+                asr = score["stereotype"]["asr"]
+                search_rows.append([
+                    name, str(budget), f"{seconds:.0f}", str(score["stereotype"]["queries"]["total"]
+                                                          + score["anti_stereotype"]["queries"]["total"]),
+                    str(usage.get("requests", "-")), str(usage.get("prompt_tokens", "-")),
+                    str(usage.get("completion_tokens", "-")),
+                    f"{asr['value']:.2f} [{asr['ci'][0]:.2f}, {asr['ci'][1]:.2f}] {asr['k']}/{asr['n']}",
+                    score["verdict"]["verdict"]])
+                if name == "served" and budget == min(args.budgets):
+                    tables.append(f"The served search at budget {budget} as `flexsearch search` prints it:\n\n"
+                                  f"```\n{text}\n```")
+    body = "\n\n".join([
+        f"SmolLM2-135M-Instruct GGUF (Q4_1) in process (transformers dequantizes it to fp32) and behind "
+        f"llama-cpp-python's server (`python -m llama_cpp.server --logits_all true`, {threads} threads, the same "
+        "cores); request caches off.",
+        f"**Scoring throughput**, {prompts} prompts (the 72 seed items' clean prompts in 3 option orders), agreement "
+        "of the served argmax with the in-process one and the largest |ΔP| over the three letters:",
+        table(["scorer", "concurrency", "prompts/s", "seconds", "argmax agreement", "max abs dP"], rate_rows),
+        f"**Search cost**, the default preset on the first {args.items} seed items with the control (two objectives):",
+        table(["target", "budget", "wall s", "queries", "requests", "prompt tokens", "completion tokens",
+               "ASR (stereotype)", "verdict"], search_rows),
+        *tables])
+    record("Served targets: in process vs a llama.cpp server", body)
+
+
+if __name__ == "__main__":
+    main()
