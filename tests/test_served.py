@@ -330,12 +330,17 @@ def test_a_429_burst_is_retried_and_nothing_is_lost(server, proxy, cache, tmp_pa
     ("refuse_topk", "refused top_logprobs=5"),
     ("not_json", "not JSON"),
 ])
-def test_server_faults_are_one_line_and_write_nothing(proxy, cache, tmp_path, fault, message):
+def test_server_faults_are_one_line_and_change_nothing(proxy, cache, tmp_path, fault, message):
+    args = ["evaluate", "--model", f"openai:{ALIAS}", "--base-url", proxy.base_url, "--data", "seed", "--limit", "2",
+            "--no-request-cache"]
+    assert runner.invoke(app, [*args, "--out", str(tmp_path / "done")]).exit_code == 0
+    before = {p: p.read_bytes() for p in (tmp_path / "done").iterdir()}
     proxy.fault = fault
-    line = one_line_exit(["evaluate", "--model", f"openai:{ALIAS}", "--base-url", proxy.base_url, "--data", "seed",
-                          "--limit", "2", "--out", str(tmp_path / "run")])
+    line = one_line_exit([*args, "--out", str(tmp_path / "run")])
     assert message in line and KEY not in line
     assert not (tmp_path / "run").exists()
+    assert message in one_line_exit([*args, "--out", str(tmp_path / "done")])  # rerun into a finished run
+    assert {p: p.read_bytes() for p in (tmp_path / "done").iterdir()} == before
 
 
 @pytest.mark.slow
