@@ -107,9 +107,11 @@ class Target:
         if not is_served(self.model):
             return None
         where = f"--model {self.model} is served (black-box)"
-        for option, value in (("proposals", config.proposals), ("importance", config.importance)):
+        for option, value, instead in (("proposals", config.proposals, "sampled"),
+                                       ("importance", config.importance, "leave_one_out")):
             if value == "gradient":
-                return f"{where}: {option}: gradient takes gradients of the target's weights (white-box only)"
+                return (f"{where}: {option}: gradient takes gradients of the target's weights (white-box only); "
+                        f"use --set {option}={instead}")
         problems = white_box_problems(config.operators)
         if problems:
             return f"{where}: {problems[0]}"
@@ -154,12 +156,12 @@ def search(data: str = "seed", *, model: str | Target = "smollm2", out: str | Pa
     target = _target(model)
     run_dir = Path(out) if out is not None else default_run_dir(data, config if isinstance(config, str) else "api")
     loaded = load_items(data, limit=limit)
+    refused = target.white_box_problem(resolved_config, overrides)
+    if refused:  # what the settings ask of the target comes before what they ask of the machine
+        raise FlexsearchError(refused)
     missing = availability_problems(resolved_config.operators)
     if missing:  # before the target model loads: say at once what this machine lacks
         raise FlexsearchError(missing[0])
-    refused = target.white_box_problem(resolved_config, overrides)
-    if refused:
-        raise FlexsearchError(refused)
     requested = target.requested(resolved_config.scoring.mode)
     _check_budget_reaches(resolved_config, loaded.items, requested.get("served", {}).get("samples", 1))
     settings = config_dict(resolved_config)

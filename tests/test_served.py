@@ -254,10 +254,13 @@ def test_short_search_through_the_server_and_the_key_is_never_written(server, ca
         f"{server.port}/v1/completions" in printed.output
     report = tmp_path / "report.html"
     assert runner.invoke(app, ["report", str(out), "--out", str(report)]).exit_code == 0
-    written = [p for p in [*out.rglob("*"), *export.rglob("*"), report, report.with_suffix(".md")] if p.is_file()]
+    same = api.compare(out, out, tmp_path / "compare")  # compare reads a served run like any other
+    assert same.data["shared_items"] == 3
+    written = [p for p in [*out.rglob("*"), *export.rglob("*"), report, report.with_suffix(".md"),
+                           *(tmp_path / "compare").rglob("*")] if p.is_file()]
     assert len(written) >= 8
     grep = subprocess.run(["grep", "-r", "-l", KEY, str(out), str(export), str(tmp_path / "lm-eval"), str(report),
-                           str(report.with_suffix(".md"))], capture_output=True, text=True)
+                           str(report.with_suffix(".md")), str(tmp_path / "compare")], capture_output=True, text=True)
     assert grep.returncode == 1 and grep.stdout == ""  # 1: no match anywhere
 
 
@@ -362,6 +365,8 @@ def test_bad_served_input_is_one_line_before_anything_is_written(cache, tmp_path
         ([*model, "--base-url", "http://h:1/v1", "--set", "proposals=gradient"], "white-box only"),
         ([*model, "--base-url", "http://h:1/v1", "--set", "scoring.prefix_reuse=true"], "white-box only"),
         ([*model, "--base-url", "http://h:1/v1", "--config", "gradient"], "white-box only"),
+        ([*model, "--base-url", "http://h:1/v1", "--config", "bert_attack"], "use --set importance=leave_one_out"),
+        ([*model, "--base-url", "http://h:1/v1", "--config", "research"], "operator adversarial_suffix"),
         ([*model, "--base-url", "http://h:1/v1", "--served-mode", "chat-logprobs"], "scores the chat prompt layout"),
     ]
     for args, message in cases:
