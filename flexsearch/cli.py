@@ -416,6 +416,7 @@ def tune(
 ) -> None:
     """Optuna study over search configurations: best config YAML, trials CSV, importances, held-out check."""
     from flexsearch import api
+    from flexsearch.config import load_config
     from flexsearch.items import load_items
     from flexsearch.runio import RunDirectory
     from flexsearch.tune import format_tune_table, load_space, run_study
@@ -429,6 +430,9 @@ def tune(
                                   "directory (choose another --out)")
         target = api.Target(model, adapter, device, dtype, False, base_url, served_mode, top_logprobs, samples,
                             temperature, concurrency, request_timeout, retries, request_cache)
+        refused = target.white_box_problem(load_config(loaded_space.get("base", "default")))
+        if refused:  # the space's base config; a trial's own gradient setting is refused when it runs
+            raise FlexsearchError(refused)
         summary = run_study(target.arguments(), load_items(data).items, loaded_space, run, trials=trials, budget=budget,
                             storage=storage, dev_items=dev_items, holdout_items=holdout_items, seed=seed,
                             holdout=holdout)

@@ -375,6 +375,10 @@ def test_bad_served_input_is_one_line_before_anything_is_written(cache, tmp_path
         assert not out.exists()
     line = one_line_exit(["finetune", "--out", str(out), "--model", f"openai:{ALIAS}"])
     assert "white-box only" in line and not out.exists()
+    space = tmp_path / "space.yaml"
+    space.write_text(yaml.safe_dump({"base": "gradient", "params": {"beam_width": {"int": [1, 2]}}}))
+    line = one_line_exit(["tune", "--space", str(space), *model, "--base-url", "http://h:1/v1", "--out", str(out)])
+    assert "proposals: gradient" in line and not out.exists()
 
 
 @pytest.mark.slow
