@@ -494,8 +494,8 @@ def format_search_table(score: dict[str, Any], objective: str) -> str:
                  f", abstention {metric_text(clean['abstention_rate'])}")
     attack = score[objective]
     if "queries" in attack:
-        cost = score.get("queries_per_candidate") or prompts_per_candidate(bool(score.get("average_orders")))
         orders = prompts_per_candidate(bool(score.get("average_orders")))
+        cost = score.get("queries_per_candidate") or orders  # written by searches since served targets
         per = "one per option order" if cost == orders else f"{orders} option order(s) × {cost // orders} samples"
         reach = (f"; budget {score['budget']} = {score['budget'] // cost} prompts of {cost} queries ({per}): "
                  f"the clean one and {score['budget'] // cost - 1} attacked" if "budget" in score else "")

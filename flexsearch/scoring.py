@@ -215,7 +215,7 @@ class InProcessBackend:
         min_prefix_saving: float = 0.5,
         max_prompt_tokens: int = 0,
     ) -> None:
-        self.target = self.white_box = target
+        self.target = target
         self.info = target.info
         self.fmt = fmt or PromptFormat()
         self.batch_size = batch_size
@@ -231,6 +231,10 @@ class InProcessBackend:
     def from_config(cls, target: TargetModel, scoring: ScoringConfig) -> InProcessBackend:
         return cls(target, PromptFormat(mode=scoring.mode), batch_size=scoring.batch_size,
                    prefix_reuse=scoring.prefix_reuse, max_prompt_tokens=scoring.max_prompt_tokens)
+
+    @property
+    def white_box(self) -> TargetModel:
+        return self.target
 
     def render(self, candidate: Candidate) -> str:
         return render(candidate, self.target.tokenizer, self.fmt)

@@ -58,12 +58,13 @@ def is_served(spec: str) -> bool:
     return spec.startswith(SERVED_PREFIX)
 
 
-def api_key() -> str | None:
-    """The key from FLEXSEARCH_API_KEY, else OPENAI_API_KEY; None when neither is set (local servers)."""
+def auth_headers() -> dict[str, str]:
+    """The bearer header of the key in FLEXSEARCH_API_KEY, else OPENAI_API_KEY; none when neither is set (local
+    servers)."""
     for name in KEY_VARIABLES:
         if os.environ.get(name):
-            return os.environ[name]
-    return None
+            return {"Authorization": f"Bearer {os.environ[name]}"}
+    return {}
 
 
 @dataclass(frozen=True)
@@ -285,16 +286,15 @@ class ServedBackend:
     def __init__(self, options: ServedOptions, scoring: ScoringConfig, model_id: str, listing: dict[str, Any]) -> None:
         self.options = options
         self.fmt = PromptFormat(mode="plain")  # rendered as plain text; chat modes send it as messages
-        self.answer_prefix = self.fmt.answer_prefix
         self.queries_per_prompt = options.queries_per_prompt
         self.info = {"model": f"{SERVED_PREFIX}{options.name}", "served": options.result_settings(),
                      "server_model_id": model_id,
                      **{k: listing[k] for k in ("owned_by", "root", "max_model_len") if listing.get(k) is not None}}
         self.usage_so_far = Usage()
         self._cache = RequestCache(options.request_cache)
-        self._headers = {"Authorization": f"Bearer {key}"} if (key := api_key()) else {}
-        self._started = time.perf_counter()
-        self._scoring = scoring
+        self._headers = auth_headers()
+        # the chat layout's modes send the prompt as messages to /chat/completions
+        self._chat = options.mode == "chat-logprobs" or (options.mode == "sample" and scoring.mode == "chat")
 
     @classmethod
     def connect(cls, target: dict[str, Any], scoring: ScoringConfig) -> ServedBackend:
@@ -310,7 +310,7 @@ class ServedBackend:
         entry = listing[names.index(options.name)]
         backend = cls(options, scoring, str(entry.get("id")), entry)
         if options.mode != "sample":
-            backend.letter_probs([f"{PROBE_PROMPT}\n{backend.answer_prefix}"])
+            backend.letter_probs([f"{PROBE_PROMPT}\n{backend.fmt.answer_prefix}"])
         return backend
 
     # -- the protocol
@@ -349,15 +349,14 @@ class ServedBackend:
     def requests_for(self, prompt: str) -> list[tuple[str, dict[str, Any]]]:
         """(endpoint, body) of every request one prompt takes."""
         options = self.options
-        if not prompt.endswith(self.answer_prefix):
+        if not prompt.endswith(self.fmt.answer_prefix):
             raise FlexsearchError(f"prompt does not end in the answer prefix: ...{prompt[-40:]!r}")
-        chat = options.mode == "chat-logprobs" or (options.mode == "sample" and self._scoring.mode == "chat")
-        if chat:
+        if self._chat:
             # the user turn is the question; the answer prefix opens the assistant's reply (servers that can
             # continue a final assistant message, vLLM's continue_final_message, read on from it)
-            question = prompt[: -len(self.answer_prefix)].rstrip("\n")
+            question = prompt[: -len(self.fmt.answer_prefix)].rstrip("\n")
             body: dict[str, Any] = {"messages": [{"role": "user", "content": question},
-                                                 {"role": "assistant", "content": self.answer_prefix}],
+                                                 {"role": "assistant", "content": self.fmt.answer_prefix}],
                                     "continue_final_message": True, "add_generation_prompt": False}
             endpoint = "chat/completions"
         else:
@@ -368,7 +367,7 @@ class ServedBackend:
             return [(endpoint, {**body, "max_tokens": SAMPLE_MAX_TOKENS, "temperature": options.temperature,
                                 "seed": seed + k}) for k in range(options.samples)]
         body.update(max_tokens=1, temperature=0.0)
-        if chat:
+        if self._chat:
             body.update(logprobs=True, top_logprobs=options.top_logprobs)
         else:
             body["logprobs"] = options.top_logprobs
@@ -528,10 +527,9 @@ def server_message(reply: Any) -> str:
 def list_models(options: ServedOptions) -> list[dict[str, Any]]:
     """The server's /models listing; an unreachable host, a refusal or a reply that is not a model list is one line."""
     url = f"{options.base_url}/models"
-    key = api_key()
     try:
         response = httpx.get(url, timeout=min(options.request_timeout, 30),
-                             headers={"Authorization": f"Bearer {key}"} if key else {})
+                             headers=auth_headers())
     except httpx.TransportError as err:
         raise FlexsearchError(f"--base-url {options.base_url}: cannot reach {options.host} ({type(err).__name__}); "
                               "is the server running?") from None
