@@ -7,7 +7,9 @@ define a static `settings_problem(**settings) -> str | None`: the config check c
 cannot work is refused before any data or model loads; and a static `availability_problem(**settings)`, which
 a search calls before the target model loads, for what the machine must provide (a masked LM, say); and a
 static `white_box_problem(**settings)` when some settings read the target's weights (a served target refuses
-them; an operator with `needs_gradient` is refused without one).
+them; an operator with `needs_gradient` is refused without one). An operator whose proposals come from a finite
+library (the templates) also defines `enumerate(candidate)`, every proposal in library order, and `arms()`, the
+learner's key of each (DESIGN.md "The learner"): the learned search ranks them all instead of sampling.
 """
 
 from __future__ import annotations

@@ -288,15 +288,25 @@ class _TemplateOperator:
 
     def propose(self, candidate: Candidate, rng: np.random.Generator,
                 positions: Sequence[Position] | None = None) -> list[Candidate]:
+        options = self.enumerate(candidate)
+        picks = rng.permutation(len(options))[: self.n]
+        return [options[k] for k in sorted(picks)]
+
+    def enumerate(self, candidate: Candidate) -> list[Candidate]:
+        """Every template of the library set into the slot (those the item can fill, other than the current
+        text), in library order: the learned search ranks them all."""
         current = getattr(candidate, self.slot)
         options = []
         for family, index, template in self.templates:
             text = fill(template.text, candidate.item)
             if text is not None and text != current:
-                options.append((family, index, template.effect, text))
-        picks = rng.permutation(len(options))[: self.n]
-        return [candidate.with_slot(self.name, self.slot, options[k][3], family=options[k][0],
-                                    template=options[k][1], effect=options[k][2]) for k in sorted(picks)]
+                options.append(candidate.with_slot(self.name, self.slot, text, family=family, template=index,
+                                                   effect=template.effect))
+        return options
+
+    def arms(self) -> list[str]:
+        """The learner's arm of each template this operator can set (operator/family/index)."""
+        return [f"{self.name}/{family}/{index}" for family, index, _ in self.templates]
 
 
 @OPERATORS.register("persona")

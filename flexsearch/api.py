@@ -38,13 +38,15 @@ from flexsearch.evaluation import (
     score_all,
 )
 from flexsearch.items import Item, LoadResult, load_items, source_sha256
+from flexsearch.learner import Learner, Prior, learner_document, read_prior, rebuilt, weak_spots
 from flexsearch.metrics import dig, forced_choice_text, metric_text, perturbed_word_share, robustness_score
 from flexsearch.model import requested_model
-from flexsearch.objectives import SUCCESS_MARGIN
+from flexsearch.objectives import SUCCESS_MARGIN, attack_eligible, get_objective
 from flexsearch.results import Comparison, RunResult, Score
 from flexsearch.runio import (
     FORCED_CSV,
     FORCED_JSONL,
+    LEARNER,
     PREDICTIONS,
     RESEARCH_CSV,
     RESEARCH_JSONL,
@@ -64,7 +66,7 @@ from flexsearch.runio import (
     software_versions,
 )
 from flexsearch.scoring import Scorer, build_scorer, fit_context
-from flexsearch.search_loop import build_context, constraint_specs, run_search
+from flexsearch.search_loop import build_context, constraint_specs, proposable_arms, run_search
 from flexsearch.served import is_served, served_options
 from flexsearch.split import load_split, split_csv_text, split_row
 
@@ -145,14 +147,16 @@ def default_run_dir(*parts: str) -> Path:
 def search(data: str = "seed", *, model: str | Target = "smollm2", out: str | Path | None = None,
            config: str | SearchConfig = "default", overrides: Sequence[str] = (), budget: int | None = None,
            method: str | None = None, objective: str | None = None, control: bool | None = None,
-           seed: int | None = None, limit: int | None = None, ray: RayOptions | None = None) -> RunResult:
+           seed: int | None = None, limit: int | None = None, ray: RayOptions | None = None,
+           prior: str | Path | None = None) -> RunResult:
     """Runs (or resumes) a search into `out` and returns its score, split rows and files.
 
     `config` is a preset name, a YAML path or a SearchConfig; `overrides` are `key=value` strings
-    as for `--set`; the keyword options override both (CLI > YAML > defaults)."""
+    as for `--set`; the keyword options override both (CLI > YAML > defaults). `prior` is an earlier run
+    whose learner.json warm-starts the learner (its queries are not this run's)."""
     started = time.time()
     resolved_config = _search_config(config, overrides, budget=budget, method=method, objective=objective,
-                                     control=control, seed=seed)
+                                     control=control, seed=seed, prior=None if prior is None else str(prior))
     target = _target(model)
     run_dir = Path(out) if out is not None else default_run_dir(data, config if isinstance(config, str) else "api")
     loaded = load_items(data, limit=limit)
@@ -164,16 +168,21 @@ def search(data: str = "seed", *, model: str | Target = "smollm2", out: str | Pa
         raise FlexsearchError(missing[0])
     requested = target.requested(resolved_config.scoring.mode)
     _check_budget_reaches(resolved_config, loaded.items, requested.get("served", {}).get("samples", 1))
+    objectives = _objectives(resolved_config)
+    warm = (read_prior(resolved_config.prior, objectives, proposable_arms(resolved_config))
+            if resolved_config.prior else None)
     settings = config_dict(resolved_config)
     resolved = {"command": "search", "data": data, "data_sha256": source_sha256(data), "limit": limit,
-                "model": requested, "scoring": settings.pop("scoring"), "search": settings}
+                "model": requested, "scoring": settings.pop("scoring"), "search": settings,
+                "prior": warm.provenance if warm else None}
     with _opened_run(run_dir, resolved, target) as (run, scorer):
         items, skipped = _fitting_items(loaded, scorer, SEARCH_PROMPT_MARGIN)
-        objectives = _objectives(resolved_config)
         done, retries = _search_objectives(run, items, objectives, scorer, resolved_config, target, ray,
-                                           config_fingerprint(resolved))
+                                           config_fingerprint(resolved), warm)
         rows = _write_split(run, items, done[resolved_config.objective], scorer)
+        _write_learner(run, items, done, warm, resolved_config, scorer, data)
         score = _search_score(items, done, objectives, scorer, resolved_config, data, skipped, retries, ray)
+        score["prior"] = warm.provenance if warm else None
         score["split_rows"] = {name: sum(split_file_of(r)[0] == jsonl for r in rows)
                                for name, jsonl in (("benchmark", SPLIT_JSONL), ("forced_choice", FORCED_JSONL),
                                                    ("research", RESEARCH_JSONL))}
@@ -226,10 +235,11 @@ def _objectives(config: SearchConfig) -> list[str]:
 
 def _search_objectives(run: RunDirectory, items: list[Item], objectives: list[str], scorer: Scorer,
                        config: SearchConfig, target: Target, ray: RayOptions | None,
-                       fingerprint: str) -> tuple[dict[str, dict[str, dict[str, Any]]], int]:
+                       fingerprint: str, warm: Prior | None) -> tuple[dict[str, dict[str, dict[str, Any]]], int]:
     """Searches every (objective, item) the trace does not hold yet, appending each finished batch to
-    the trace (the resume point), each record stamped with the run's config fingerprint. Returns
-    objective → item id → outcome record, and Ray's retries."""
+    the trace (the resume point), each record stamped with the run's config fingerprint; each objective's
+    learner starts from the prior and learns from the finished items too. Returns objective → item id →
+    outcome record, and Ray's retries."""
     trace = run.path / TRACE
     done: dict[str, dict[str, dict[str, Any]]] = {o: {} for o in objectives}
     for record in read_trace(trace, repair=True, fingerprint=fingerprint):
@@ -241,9 +251,9 @@ def _search_objectives(run: RunDirectory, items: list[Item], objectives: list[st
             _resumable(lambda: sum(len(d) for d in done.values()), total, trace):
         bar.update(sum(it.id in done[o] for o in objectives for it in items))
         for objective in objectives:
-            todo = [it for it in items if it.id not in done[objective]]
-            if not todo:
+            if all(it.id in done[objective] for it in items):
                 continue
+            learner = warm.for_objective(objective).copy() if warm else Learner()
 
             def keep(records: list[dict[str, Any]], objective: str = objective) -> None:
                 records = [{**r, "config": fingerprint} for r in records]
@@ -253,11 +263,13 @@ def _search_objectives(run: RunDirectory, items: list[Item], objectives: list[st
             if ray is not None:
                 from flexsearch.distributed import search_on_ray
 
-                retries += search_on_ray(todo, config, target.arguments(), objective, keep, bar,
-                                         on_usage=scorer.backend.merge_usage, **asdict(ray))
+                retries += search_on_ray(items, config, target.arguments(), objective, keep, bar,
+                                         on_usage=scorer.backend.merge_usage, finished=dict(done[objective]),
+                                         learner=learner, **asdict(ray))
             else:
-                run_search(todo, build_context(config, scorer, objective), objective, progress=bar,
-                           on_batch_done=lambda batch: keep([o.to_record() for o in batch]))
+                run_search(items, build_context(config, scorer, objective), objective, progress=bar,
+                           on_batch_done=lambda batch: keep([o.to_record() for o in batch]),
+                           finished=dict(done[objective]), learner=learner)
     return done, retries
 
 
@@ -296,6 +308,22 @@ def _write_split(run: RunDirectory, items: list[Item], outcomes: dict[str, dict[
     return rows
 
 
+def _write_learner(run: RunDirectory, items: list[Item], done: dict[str, dict[str, dict[str, Any]]],
+                   warm: Prior | None, config: SearchConfig, scorer: Scorer, data: str) -> None:
+    """learner.json: each objective's learner after every item, rebuilt from the trace (what a resume gives)."""
+    states = {o: rebuilt(warm.for_objective(o) if warm else None, [records[it.id] for it in items])
+              for o, records in done.items()}
+    atomic_write_json(run.path / LEARNER, learner_document(states, config.method, scorer.info, data,
+                                                           warm.provenance if warm else None))
+
+
+def _weak_spots(items: list[Item], records: dict[str, dict[str, Any]], objective: str) -> dict[str, Any]:
+    goal = get_objective(objective)
+    ordered = [records[it.id] for it in items]
+    eligible = [attack_eligible(goal, it, np.array(r["clean_probs"])) for it, r in zip(items, ordered, strict=True)]
+    return weak_spots(ordered, eligible, [it.category for it in items])
+
+
 def _search_score(items: list[Item], done: dict[str, dict[str, dict[str, Any]]], objectives: list[str],
                   scorer: Scorer, config: SearchConfig, data: str, skipped: dict[str, int], retries: int,
                   ray: RayOptions | None) -> dict[str, Any]:
@@ -308,6 +336,7 @@ def _search_score(items: list[Item], done: dict[str, dict[str, dict[str, Any]]],
         "average_orders": config.scoring.average_orders, "queries_per_candidate": scorer.queries_per_candidate,
         "backend": "ray" if ray is not None else "local", "worker_retries": retries,
         "success_margin": config.success_margin, **scorer.served_usage(),
+        "weak_spots": _weak_spots(items, done[config.objective], config.objective),
         # items whose search scored nothing but the clean prompt, which had not already reached the aim (a search
         # stops there on success): the budget never reached an operator
         "untried_items": {o: sum(done[o][it.id]["queries"] <= scorer.queries_per_candidate
@@ -515,6 +544,7 @@ def format_search_table(score: dict[str, Any], objective: str) -> str:
     if "verdict" in score:
         lines.append(f"verdict: {score['verdict']['verdict']} ({score['verdict']['reason']})")
     lines += group_lines(score, objective)
+    lines += weak_spot_lines(score)
     forced = attack.get("forced_choice")
     if forced:
         lines.append(f"forced choice ({objective} search): {forced_choice_text(forced)}")
@@ -538,6 +568,17 @@ def group_lines(score: dict[str, Any], objective: str) -> list[str]:
     widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
     return ["per stereotyped group (BBQ group tag of the stereotyped person; n = items):",
             *("  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)) for row in rows)]
+
+
+def weak_spot_lines(score: dict[str, Any], top: int = 5) -> list[str]:
+    """The model's weak spots: the templates and compositions that broke the most eligible items."""
+    spots = (score.get("weak_spots") or {}).get("overall") or []
+    if not spots:
+        return []
+    width = max(len(s["key"]) for s in spots[:top])
+    return [f"weak spots (templates and compositions by the {score['weak_spots']['items']} eligible items they broke, "
+            "k of the n items they were tried on; score.json weak_spots has them per category):",
+            *(f"  {s['key'].ljust(width)}  {cell_text(s['broke'])}" for s in spots[:top])]
 
 
 def summary_text(summary: dict[str, Any], score: dict[str, Any], objective: str) -> str:

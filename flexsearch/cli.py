@@ -196,13 +196,16 @@ def search(
         "default"),
     budget: Annotated[int | None, _option("Search", "Prompts scored per item and objective (default preset: "
                                                     f"{DEFAULT_PRESET['budget']}).")] = None,
-    method: Annotated[str | None, _option("Search", "greedy, beam or evolutionary (default preset: "
-                                                    f"{DEFAULT_PRESET['method']}).")] = None,
+    method: Annotated[str | None, _option("Search", "learned, beam, greedy, evolutionary or random (default "
+                                                    f"preset: {DEFAULT_PRESET['method']}).")] = None,
     objective: Annotated[str | None, _option("Search", "stereotype, anti_stereotype or untargeted (default "
                                                        f"preset: {DEFAULT_PRESET['objective']}).")] = None,
     control: Annotated[bool | None, _option("Search", "Also run the counter-stereotype control (default preset: "
                                                       f"{'on' if DEFAULT_PRESET['control'] else 'off'}).")] = None,
     seed: Annotated[int | None, _option("Search", "Random seed (0 or more).", min=0)] = None,
+    prior: Annotated[Path | None, _option("Search", "An earlier search run whose learner.json warm-starts the "
+                                                    "learner (same or another model; its queries are not "
+                                                    "counted here).")] = None,
     set_: Annotated[list[str] | None, typer.Option("--set", rich_help_panel="Search", help="Override a config key: "
                                                    "key=value; scoring.mode=chat, scoring.batch_size=8 and the "
                                                    "other scoring.* keys set the scoring.")] = None,
@@ -238,7 +241,7 @@ def search(
                             samples, temperature, concurrency, request_timeout, retries, request_cache)
         result = api.search(data, model=target, out=out,
                             config=config, overrides=set_ or [], budget=budget, method=method, objective=objective,
-                            control=control, seed=seed, limit=limit, ray=ray)
+                            control=control, seed=seed, limit=limit, ray=ray, prior=prior)
     _print_result(result, json_output)
 
 

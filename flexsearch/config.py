@@ -17,7 +17,7 @@ import yaml
 from flexsearch.errors import FlexsearchError, InputError
 from flexsearch.objectives import SUCCESS_MARGIN
 
-METHODS = ("greedy", "beam", "evolutionary", "random")
+METHODS = ("learned", "greedy", "beam", "evolutionary", "random")
 PROPOSALS = ("sampled", "gradient")
 
 
@@ -32,12 +32,14 @@ class ScoringConfig:
 
 @dataclass
 class SearchConfig:
-    method: str = "beam"  # greedy | beam | evolutionary | random (the baseline: no selection)
+    method: str = "learned"  # learned | greedy | beam | evolutionary | random (the baseline: no selection)
     objective: str = "stereotype"
     control: bool = True  # also run the anti-stereotype search (the counter-stereotype control)
     budget: int = 40  # prompts scored per item and objective, the clean prompt included
     seed: int = 0
     item_batch: int = 8  # items searched together; their prompts share forward passes
+    learner_round: int = 16  # items searched with one learner state; it learns from them before the next round
+    prior: str = ""  # a run folder whose learner.json warm-starts the learner (--prior)
     steps: int = 8  # beam/evolutionary iterations at most
     beam_width: int = 2
     population: int = 6
@@ -64,9 +66,9 @@ class SearchConfig:
             raise FlexsearchError(f"unknown search method '{self.method}' (choose from {', '.join(METHODS)})")
         if self.proposals not in PROPOSALS:
             raise FlexsearchError(f"unknown proposals '{self.proposals}' (choose from {', '.join(PROPOSALS)})")
-        if self.proposals == "gradient" and self.method in ("evolutionary", "random"):
+        if self.proposals == "gradient" and self.method not in ("beam", "greedy"):
             raise FlexsearchError(f"proposals: gradient works with method beam or greedy ({self.method} "
-                                  "mutates at random by design)")
+                                  "chooses its proposals its own way)")
         if self.gradient_top < 1:
             raise FlexsearchError(f"gradient_top must be at least 1, got {self.gradient_top}")
         if self.budget < 2:
@@ -168,7 +170,8 @@ class Origins:
 
 _RANGES: dict[str, tuple[float, str]] = {  # setting → (least value, why)
     "budget": (2, "the clean prompt and at least one attack"), "seed": (0, "a seed"),
-    "item_batch": (1, "items per batch"), "steps": (1, "iterations"), "beam_width": (1, "beams"),
+    "item_batch": (1, "items per batch"), "learner_round": (1, "items per learner round"),
+    "steps": (1, "iterations"), "beam_width": (1, "beams"),
     "population": (1, "members"), "gradient_top": (1, "word edits scored per expansion"),
     "scoring.batch_size": (1, "prompts per forward pass"),
     "scoring.max_prompt_tokens": (0, "tokens; 0 means the model's context length"),

@@ -250,6 +250,7 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 CONFIG = "config.yaml"
 SCORE = "score.json"
 TRACE = "trace.jsonl"
+LEARNER = "learner.json"
 SPLIT_JSONL = "split.jsonl"
 SPLIT_CSV = "split.csv"
 RESEARCH_JSONL = "split-research.jsonl"  # rows whose hardest prompt is not natural text (adversarial_suffix)
@@ -266,7 +267,7 @@ SCORE_SCHEMA_VERSION = 2  # 2: provenance fields, metric directions
 _MODEL_KEYS = ("model.model", "model.adapter", "model.dtype", "model.revision", "model.gguf_sha256",
                "model.served", "model.server_model_id")
 RESULT_KEYS = {
-    "search": ("data", "data_sha256", "limit", "scoring", "search", *_MODEL_KEYS),
+    "search": ("data", "data_sha256", "limit", "scoring", "search", "prior", *_MODEL_KEYS),
     "evaluate": ("data", "split", "data_sha256", "limit", "scoring", *_MODEL_KEYS),
 }
 # known only once the model has loaded (its file is hashed then) or the server has listed its models
@@ -402,11 +403,13 @@ FILE_DESCRIPTIONS = {
                   "split above and scored apart (score.json: forced_choice)",
     FORCED_CSV: "the same forced-choice rows as CSV",
     TRACE: "append-only log of finished items (the resume point); a torn last line is dropped",
+    LEARNER: "what each template, operator and composition gained on this model, per objective (the search's "
+             "run-level learner; `--prior THIS_FOLDER` warm-starts another search with it)",
     PREDICTIONS: "per item: answer probabilities, prediction, correctness",
     LOCK: "present while a flexsearch process writes here (holds its pid)",
 }
 _WRITES = {"search": (README, CONFIG, SCORE, SPLIT_JSONL, SPLIT_CSV, RESEARCH_JSONL, RESEARCH_CSV, FORCED_JSONL,
-                      FORCED_CSV, TRACE, LOCK),
+                      FORCED_CSV, TRACE, LEARNER, LOCK),
            "evaluate": (README, CONFIG, SCORE, PREDICTIONS, LOCK)}
 
 

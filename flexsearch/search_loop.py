@@ -26,6 +26,7 @@ from flexsearch.attacks.importance import importance_from_probes, leave_one_out_
 from flexsearch.candidate import Candidate
 from flexsearch.config import SearchConfig
 from flexsearch.items import Item
+from flexsearch.learner import COMPOSE, Learner, Observation, arm_of, composition_of, observations_of
 from flexsearch.objectives import Objective, attack_eligible, get_objective
 from flexsearch.scoring import Scorer
 
@@ -47,6 +48,7 @@ class ItemOutcome:
     # (queries spent, answer probabilities) each time the best candidate improved: the best at any smaller
     # budget, for ASR/P(target)-vs-budget curves (kept in memory, not in the trace)
     improvements: list[tuple[int, np.ndarray]] = field(default_factory=list)
+    observations: list[Observation] = field(default_factory=list)  # every scored candidate, for the learner
 
     def to_record(self) -> dict[str, Any]:
         return {
@@ -54,6 +56,7 @@ class ItemOutcome:
             "chain": self.best.chain(), "option_order": list(self.best.option_order),
             "clean_probs": [float(p) for p in self.clean_probs], "best_probs": [float(p) for p in self.best_probs],
             "success": self.success, "queries": self.queries, "first_success_query": self.first_success_query,
+            "observations": [o.to_list() for o in self.observations],
         }
 
 
@@ -83,6 +86,9 @@ class ItemState:
     first_success_query: int | None = None
     seen: set[tuple[Any, ...]] = field(default_factory=set)
     improvements: list[tuple[int, np.ndarray]] = field(default_factory=list)
+    learner: Learner = field(default_factory=Learner)  # the run's learner as of this item's round, plus this item
+    scored: dict[tuple[Any, ...], float] = field(default_factory=dict)  # objective value of each scored prompt
+    observations: list[Observation] = field(default_factory=list)
 
     @property
     def succeeded(self) -> bool:
@@ -116,6 +122,7 @@ class ItemState:
             return
         for k, (candidate, p) in enumerate(zip(request.candidates, probs, strict=True)):
             value = self.objective.value(p, self.item)
+            self.observe(candidate, value, p)
             dated = spent_before + (k + 1) * self.cost_per_candidate
             if value > self.best_value:
                 self.best, self.best_value, self.best_probs = candidate, value, p
@@ -123,11 +130,27 @@ class ItemState:
             if self.first_success_query is None and self.objective.success(p, self.item):
                 self.first_success_query = dated
 
+    def observe(self, candidate: Candidate, value: float, probs: np.ndarray) -> None:
+        """Notes a scored candidate for the learner: the arm that made it from its nearest scored ancestor, its
+        gain over that ancestor and over the clean prompt; the item's own copy of the learner learns it at once."""
+        ancestor = candidate.parent
+        while ancestor is not None and prompt_key(ancestor) not in self.scored:
+            ancestor = ancestor.parent
+        if ancestor is not None and candidate.edits:
+            clean = self.scored[prompt_key(Candidate.root(self.item))]
+            observation = Observation(arm_of(candidate, ancestor), composition_of(candidate),
+                                      float(value - self.scored[prompt_key(ancestor)]), float(value - clean),
+                                      bool(self.objective.success(probs, self.item)),
+                                      candidate.natural and not candidate.forced_choice)
+            self.observations.append(observation)
+            self.learner.observe(observation)
+        self.scored[prompt_key(candidate)] = value
+
     def outcome(self, objective_name: str) -> ItemOutcome:
         assert self.best is not None and self.best_probs is not None and self.clean_probs is not None
         return ItemOutcome(self.item, objective_name, self.best, self.clean_probs, self.best_probs,
                            bool(self.objective.success(self.best_probs, self.item)), self.queries,
-                           self.first_success_query, self.improvements)
+                           self.first_success_query, self.improvements, self.observations)
 
 
 SearchMethod = Generator[Request, np.ndarray, None]
@@ -371,8 +394,74 @@ def random_search(ctx: SearchContext, state: ItemState) -> SearchMethod:
             return
 
 
+COMPOSITIONS_PROPOSED = 8  # the best-known compositions offered whole to each item, beside the single edits
+
+
+def learned_proposals(ctx: SearchContext, state: ItemState, parent: Candidate) -> list[Candidate]:
+    """Every proposal on `parent`: each library operator's whole library (`enumerate`), each other operator's
+    sampled proposals (word edits at positions it picks; a gradient operator only when the budget pays)."""
+    pool: list[Candidate] = []
+    for operator in ctx.operators:
+        listing = getattr(operator, "enumerate", None)
+        pool += listing(parent) if listing is not None else propose_all(ctx, state, parent, [operator])
+    return pool
+
+
+def composed(ctx: SearchContext, root: Candidate, composition: str) -> Candidate | None:
+    """The clean prompt with a known composition's templates set, or None when this item cannot fill one."""
+    candidate = root
+    for part in composition.removeprefix(f"{COMPOSE}:").split("+"):
+        matches = [c for op in ctx.operators if hasattr(op, "enumerate")
+                   for c in op.enumerate(candidate) if arm_of(c, candidate) == part]
+        if not matches:
+            return None
+        candidate = matches[0]
+    return candidate
+
+
+def learned_search(ctx: SearchContext, state: ItemState) -> SearchMethod:
+    """The default. Each round ranks every proposal on the current best prompt (each template of the library,
+    sampled word edits) and the run's best-known compositions applied whole to the clean prompt by the value
+    they are expected to reach: the prompt's own value plus a Thompson draw of its arm's gain from the run-level
+    learner (DESIGN.md "The learner"), and scores the `population` best. Compositions grow around the best;
+    word edits, which no library lists, come in when their arm has paid on this model or the templates run out."""
+    root = Candidate.root(state.item)
+    probs = yield Request([root])
+    root_value = ctx.values(state.item, probs)[0]
+    wholes = [c for key in state.learner.compositions(COMPOSITIONS_PROPOSED)
+              if (c := composed(ctx, root, key)) is not None]
+    for _ in range(ctx.config.steps):
+        if state.succeeded and ctx.config.stop_on_success:
+            return
+        parent, parent_value = state.best or root, state.best_value
+        spread = state.learner.spread()
+        draws: dict[str, float] = {}
+        ranked: list[tuple[float, int, Candidate]] = []
+        pool = [(parent, parent_value, c) for c in learned_proposals(ctx, state, parent)]
+        pool += [(root, root_value, c) for c in wholes]
+        for order, (anchor, base, candidate) in enumerate(pool):
+            if prompt_key(candidate) in state.seen:
+                continue
+            arm = arm_of(candidate, anchor)
+            if arm not in draws:  # one draw per arm and round, in pool order (deterministic)
+                draws[arm] = state.learner.draw(arm, state.rng, spread)
+            ranked.append((base + draws[arm], order, candidate))
+        ranked.sort(key=lambda t: (-t[0], t[1]))
+        chosen: list[Candidate] = []
+        wanted = ctx.config.population
+        for start in range(0, len(ranked), wanted):  # constraints run on a few at a time, best first
+            chosen += ctx.admissible([c for _, _, c in ranked[start : start + wanted]])
+            if len(chosen) >= wanted:
+                break
+        options = state.affordable(chosen[:wanted])
+        if not options:
+            return
+        yield Request(options)
+
+
 METHODS: dict[str, Callable[[SearchContext, ItemState], SearchMethod]] = {
-    "greedy": greedy_search, "beam": beam_search, "evolutionary": evolutionary_search, "random": random_search,
+    "learned": learned_search, "greedy": greedy_search, "beam": beam_search, "evolutionary": evolutionary_search,
+    "random": random_search,
 }
 
 
@@ -388,6 +477,17 @@ def constraint_specs(specs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return [*({"name": name} for name in ALWAYS_ON if name not in named), *specs]
 
 
+def proposable_arms(config: SearchConfig) -> set[str]:
+    """Every learner arm this config's operators can propose: each library template, each other operator."""
+    arms: set[str] = set()
+    for spec in config.operators:
+        if hasattr(OPERATORS.get(spec["name"]), "arms"):
+            arms |= set(build(OPERATORS, spec, AttackResources()).arms())
+        else:
+            arms.add(spec["name"])
+    return arms
+
+
 def build_context(config: SearchConfig, scorer: Scorer, objective_name: str) -> SearchContext:
     objective = get_objective(objective_name, config.success_margin)
     resources = AttackResources(target=scorer.target, fmt=scorer.fmt, objective=objective)
@@ -400,46 +500,70 @@ def build_context(config: SearchConfig, scorer: Scorer, objective_name: str) -> 
     )
 
 
+def search_batch(items: Sequence[Item], ctx: SearchContext, objective_name: str, learner: Learner) -> list[ItemOutcome]:
+    """Searches a few items together (their prompts share forward batches), each with its own copy of `learner`."""
+    config, scorer = ctx.config, ctx.scorer
+    states = [ItemState(item, ctx.objective, item_rng(config.seed, item.id, objective_name), config.budget,
+                        scorer.queries_per_candidate, learner=learner.copy()) for item in items]
+    methods = [METHODS[config.method](ctx, s) for s in states]
+    pending = {i: next(m) for i, m in enumerate(methods)}
+    while pending:
+        order = list(pending)
+        flat = [c for i in order for c in pending[i].candidates]
+        scores = scorer.score(flat)
+        offset = 0
+        for i in order:
+            request, state = pending[i], states[i]
+            span = slice(offset, offset + len(request.candidates))
+            offset = span.stop
+            state.record(request, scores.probs[span])
+            try:
+                pending[i] = methods[i].send(scores.probs[span])
+                if not pending[i].candidates:
+                    raise StopIteration
+            except StopIteration:
+                del pending[i]
+    return [s.outcome(objective_name) for s in states]
+
+
+def rounds(items: Sequence[Item], size: int) -> list[Sequence[Item]]:
+    """The learner's rounds: consecutive items of the whole list, `size` at a time. Every item of a round is
+    searched with the state the earlier rounds left, whatever was finished before a resume or on which worker."""
+    return [items[start : start + size] for start in range(0, len(items), size)]
+
+
 def run_search(
     items: Sequence[Item],
     ctx: SearchContext,
     objective_name: str,
     on_batch_done: Callable[[list[ItemOutcome]], None] = lambda outcomes: None,
     progress: tqdm | None = None,
+    finished: dict[str, dict[str, Any]] | None = None,
+    learner: Learner | None = None,
 ) -> list[ItemOutcome]:
-    """Searches every item; items are processed `item_batch` at a time with their prompts scored
-    together. `on_batch_done` receives each finished batch (the run directory appends it)."""
+    """Searches every item not in `finished` (item id → trace record) and returns their outcomes; items are
+    processed `item_batch` at a time with their prompts scored together, and `on_batch_done` receives each
+    finished batch (the run directory appends it). `learner` (a prior, or empty) learns from every item,
+    finished ones included, after each round of `learner_round` items, in item order."""
     config, scorer = ctx.config, ctx.scorer
+    finished = finished or {}
+    learner = learner if learner is not None else Learner()
     outcomes: list[ItemOutcome] = []
     started, start_queries = time.perf_counter(), scorer.queries
-    for start in range(0, len(items), config.item_batch):
-        states = [ItemState(item, ctx.objective, item_rng(config.seed, item.id, objective_name), config.budget,
-                            scorer.queries_per_candidate) for item in items[start : start + config.item_batch]]
-        methods = [METHODS[config.method](ctx, s) for s in states]
-        pending = {i: next(m) for i, m in enumerate(methods)}
-        while pending:
-            order = list(pending)
-            flat = [c for i in order for c in pending[i].candidates]
-            scores = scorer.score(flat)
-            offset = 0
-            for i in order:
-                request, state = pending[i], states[i]
-                span = slice(offset, offset + len(request.candidates))
-                offset = span.stop
-                state.record(request, scores.probs[span])
-                try:
-                    pending[i] = methods[i].send(scores.probs[span])
-                    if not pending[i].candidates:
-                        raise StopIteration
-                except StopIteration:
-                    del pending[i]
-        batch = [s.outcome(objective_name) for s in states]
-        outcomes += batch
-        on_batch_done(batch)
-        if progress is not None:
-            rate = (scorer.queries - start_queries) / max(time.perf_counter() - started, 1e-9)
-            wins = [o.success for o in outcomes if attack_eligible(ctx.objective, o.item, o.clean_probs)]
-            progress.update(len(batch))
-            progress.set_postfix({f"ASR({objective_name})": f"{np.mean(wins):.2f}" if wins else "-",
-                                  "q_per_s": f"{rate:.1f}", **scorer.backend.progress()})
+    for round_items in rounds(items, config.learner_round):
+        todo = [it for it in round_items if it.id not in finished]
+        records = dict(finished)
+        for start in range(0, len(todo), config.item_batch):
+            batch = search_batch(todo[start : start + config.item_batch], ctx, objective_name, learner)
+            outcomes += batch
+            records.update({o.item.id: {"observations": [x.to_list() for x in o.observations]} for o in batch})
+            on_batch_done(batch)
+            if progress is not None:
+                rate = (scorer.queries - start_queries) / max(time.perf_counter() - started, 1e-9)
+                wins = [o.success for o in outcomes if attack_eligible(ctx.objective, o.item, o.clean_probs)]
+                progress.update(len(batch))
+                progress.set_postfix({f"ASR({objective_name})": f"{np.mean(wins):.2f}" if wins else "-",
+                                      "q_per_s": f"{rate:.1f}", **scorer.backend.progress()})
+        for item in round_items:
+            learner.observe_item(observations_of(records[item.id]))
     return outcomes

@@ -1,0 +1,275 @@
+"""The learned search against its baselines on held-out ambiguous items of the capable target (issue 31).
+
+Two steps, so the searches can run in separate processes and be reported together:
+
+    python -m benchmarks.bench_learner --items 60 --search learned --budget 100          # saves one run
+    python -m benchmarks.bench_learner --items 60 --search random --budget 100
+    python -m benchmarks.bench_learner --items 60 --report --budgets 10 25 50 100        # the RESULTS section
+
+A search is saved as runs/bench_learner/<model>-<items>-seed<seed>/<method>-<objective>-b<budget>.json with each
+item's outcome (first success dated at its own candidate, queries, observations) and its wall time. ASR at a
+budget below the searched one reads the first success (`first_success_query <= budget`): exact for `random` and
+`beam`, whose per-item searches do not depend on the budget; for `learned` the report prefers a run searched at
+that very budget and says which figures are read from a larger one (its learner then learned from longer searches).
+
+The report: ASR with Wilson intervals (k/n over the attack-eligible items), the paired bootstrap difference
+learned − random and an exact McNemar p-value at each budget, the area under ASR-vs-queries, median queries to the
+first success, the control (anti-stereotype) and the gap, the weak-spots table, the best single fixed template
+(chosen on the first half of the items by the learner, applied alone to the second half) and the transfer check
+(the learner's top compositions from the first half applied whole to the second half, 1 and 3 candidates, i.e.
+3 and 9 queries, against random's first 1 and 3 candidates on the same items).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from scipy.stats import binomtest
+
+from benchmarks.bench_attack import held_out_ambiguous
+from benchmarks.common import BBQ, ROOT, record
+from flexsearch.audit import audit_rows, violations
+from flexsearch.candidate import Candidate, replay
+from flexsearch.config import load_config
+from flexsearch.items import Item
+from flexsearch.learner import Learner, rebuilt, weak_spots
+from flexsearch.metrics import proportion
+from flexsearch.model import load_target
+from flexsearch.objectives import attack_eligible, get_objective
+from flexsearch.runio import atomic_write_json, read_json
+from flexsearch.scoring import Scorer
+from flexsearch.search_loop import build_context, composed, run_search
+from flexsearch.split import split_row
+
+SEARCHES: dict[str, tuple[str, list[str]]] = {  # method → (preset, overrides)
+    "learned": ("default", []),
+    "beam": ("beam", ["steps=100"]),
+    "random": ("beam", ["method=random", "steps=100"]),
+}
+SAVED = ROOT / "runs" / "bench_learner"
+
+
+def run_file(folder: Path, method: str, objective: str, budget: int) -> Path:
+    return folder / f"{method}-{objective}-b{budget}.json"
+
+
+def search(method: str, objective: str, budget: int, items: list[Item], scorer: Scorer) -> dict[str, Any]:
+    preset, overrides = SEARCHES[method]
+    config = load_config(preset, overrides, budget=budget, control=False)
+    ctx = build_context(config, scorer, objective)
+    learner = Learner()
+    started, prompts = time.perf_counter(), scorer.queries
+    outcomes = run_search(items, ctx, objective, learner=learner)
+    return {"method": method, "objective": objective, "budget": budget, "seconds": time.perf_counter() - started,
+            "prompts": scorer.queries - prompts, "records": [o.to_record() for o in outcomes],
+            "learner": learner.to_dict()}
+
+
+def successes_at(run: dict[str, Any], budget: int, offset: int = 0) -> np.ndarray:
+    """Per item: met the objective within `budget` queries (after the first `offset`, the clean prompt's)."""
+    return np.array([r["first_success_query"] is not None and r["first_success_query"] <= budget + offset
+                     for r in run["records"]])
+
+
+def rate(flags: np.ndarray) -> str:
+    metric = proportion(flags)
+    low, high = metric["ci"]
+    return f"{metric['value']:.2f} [{low:.2f}, {high:.2f}] ({metric['k']}/{metric['n']})"
+
+
+def paired(a: np.ndarray, b: np.ndarray, seed: int = 0, draws: int = 10000) -> str:
+    """a − b: the difference, its paired bootstrap 95% interval over items, and the exact McNemar p-value."""
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, len(a), size=(draws, len(a)))
+    diffs = a[idx].mean(1) - b[idx].mean(1)
+    low, high = np.percentile(diffs, [2.5, 97.5])
+    only_a, only_b = int((a & ~b).sum()), int((~a & b).sum())
+    p = binomtest(only_a, only_a + only_b, 0.5).pvalue if only_a + only_b else 1.0
+    return f"{a.mean() - b.mean():+.3f} [{low:+.3f}, {high:+.3f}], McNemar p = {p:.3g} ({only_a} vs {only_b})"
+
+
+def area(run: dict[str, Any], eligible: np.ndarray, budget: int) -> float:
+    """Area under ASR vs queries from 0 to `budget`, as a share of the budget (1.0: every item at once)."""
+    return float(np.mean([successes_at(run, b)[eligible].mean() for b in range(1, budget + 1)]))
+
+
+def median_first(run: dict[str, Any], eligible: np.ndarray) -> str:
+    firsts = [r["first_success_query"] for r, ok in zip(run["records"], eligible, strict=True)
+              if ok and r["first_success_query"] is not None]
+    return f"{np.median(firsts):.0f} (of {len(firsts)} successes)" if firsts else "-"
+
+
+def apply_whole(keys: list[str], items: list[Item], scorer: Scorer, budget_candidates: int,
+                objective: str) -> np.ndarray:
+    """Per item: one of the first `budget_candidates` compositions (or templates), applied whole to the clean
+    prompt, meets the objective."""
+    goal = get_objective(objective)
+    ctx = build_context(load_config("default", control=False), scorer, objective)
+    hits = []
+    for item in items:
+        root = Candidate.root(item)
+        candidates = [c for key in keys if (c := composed(ctx, root, key)) is not None][:budget_candidates]
+        probs = scorer.score(candidates).probs if candidates else np.zeros((0, 3))
+        hits.append(any(goal.success(p, item) for p in probs))
+    return np.array(hits)
+
+
+def report(args: argparse.Namespace, items: list[Item], folder: Path) -> None:
+    target = load_target(args.model, dtype=args.dtype)
+    scorer = Scorer.from_config(target, load_config("default").scoring)
+    top = max(args.budgets)
+    runs = {p.stem: read_json(p) for p in sorted(folder.glob("*.json"))}
+    clean = scorer.score([Candidate.root(it) for it in items]).probs
+    goal, control_goal = get_objective("stereotype"), get_objective("anti_stereotype")
+    eligible = np.array([attack_eligible(goal, it, p) for it, p in zip(items, clean, strict=True)])
+    control_eligible = np.array([attack_eligible(control_goal, it, p) for it, p in zip(items, clean, strict=True)])
+
+    def best_run(method: str, budget: int, objective: str = "stereotype") -> tuple[dict[str, Any], bool]:
+        """The run searched at `budget`, else the smallest larger one (read at the budget: marked)."""
+        exact = runs.get(f"{method}-{objective}-b{budget}")
+        if exact is not None:
+            return exact, False
+        larger = sorted((r["budget"], k) for k, r in runs.items()
+                        if r["method"] == method and r["objective"] == objective and r["budget"] > budget)
+        if not larger:
+            raise SystemExit(f"no saved {method} {objective} run at budget {budget} or above in {folder}")
+        return runs[larger[0][1]], method == "learned"
+
+    lines = [f"{len(items)} ambiguous BBQ items from templates `{args.model}` never saw (round-robin over "
+             f"categories, seed {args.seed}); {int(eligible.sum())} attack-eligible toward the stereotype, "
+             f"{int(control_eligible.sum())} toward the anti-stereotype. Order-averaged float32 scoring (a candidate "
+             "is 3 queries, the clean prompt included in the budget); success needs the aim ahead of both others by "
+             "0.05. `beam` is the old default (per-item beam, configs/beam.yaml), `random` random compositions of the "
+             "same operators, `learned` the new default. ASR k/n with Wilson 95% intervals.", ""]
+    methods = [m for m in SEARCHES if any(r["method"] == m for r in runs.values())]
+    header = ["method", *(f"ASR@{b}" for b in args.budgets), f"area under ASR-vs-queries (0-{top})",
+              f"median queries to first success (@{top})", f"mean queries/item (@{top})", f"minutes (@{top})"]
+    rows = []
+    marked = False
+    for method in methods:
+        cells = []
+        for b in args.budgets:
+            run, read = best_run(method, b)
+            marked |= read
+            cells.append(rate(successes_at(run, b)[eligible]) + (" †" if read else ""))
+        run, _ = best_run(method, top)
+        queries = np.mean([r["queries"] for r in run["records"]])
+        rows.append([method, *cells, f"{area(run, eligible, top):.3f}", median_first(run, eligible),
+                     f"{queries:.1f}", f"{run['seconds'] / 60:.1f}"])
+    lines += table(header, rows)
+    if marked:
+        lines.append("† read from the learned run at the next larger searched budget (its first successes).")
+    if "learned" in methods and "random" in methods:
+        lines += ["", "learned − random, paired over the eligible items (bootstrap 95% interval, exact McNemar):", ""]
+        for b in args.budgets:
+            learned, _ = best_run("learned", b)
+            rand, _ = best_run("random", b)
+            a, r = successes_at(learned, b)[eligible], successes_at(rand, b)[eligible]
+            ratio = f"{a.mean() / r.mean():.2f}" if r.mean() else "inf"
+            lines.append(f"- budget {b}: ratio {ratio}, difference {paired(a, r)}")
+    for method in methods:
+        control = runs.get(f"{method}-anti_stereotype-b{top}")
+        if control is None:
+            continue
+        main, _ = best_run(method, top)
+        toward, away = successes_at(main, top), successes_at(control, top)
+        both = eligible & control_eligible
+        lines += ["", f"Control ({method}, budget {top}, the same learner toward the anti-stereotype): ASR "
+                  f"{rate(toward[eligible])}, control ASR {rate(away[control_eligible])}; gap (paired over items "
+                  f"eligible both ways) {paired(toward[both], away[both])}"]
+    if "learned" in methods:
+        learned, _ = best_run("learned", top)
+        spots = weak_spots(learned["records"], list(eligible), [it.category for it in items])
+        lines += ["", f"Weak spots of `{args.model}` (learned search, budget {top}): templates and compositions by the "
+                  "eligible items they broke (k of the n items on which a label-valid candidate carrying it was "
+                  "scored):", ""]
+        lines += table(["template or composition", "broke k/n [95% CI]"],
+                       [[f"`{s['key']}`", rate(np.array([True] * s["broke"]["k"]
+                                                        + [False] * (s["broke"]["n"] - s["broke"]["k"])))]
+                        for s in spots["overall"]])
+        lines += transfer(learned, items, eligible, scorer, runs, best_run)
+        lines += ten_prompts(learned, items, scorer, args.seed)
+    record(f"Learned search vs its baselines on {len(items)} held-out items (issue 31)", "\n".join(lines))
+
+
+def transfer(learned: dict[str, Any], items: list[Item], eligible: np.ndarray, scorer: Scorer,
+             runs: dict[str, Any], best_run: Any) -> list[str]:
+    """What the learner knows after the first half, applied whole to the second half (no search)."""
+    half = len(items) // 2
+    state = rebuilt(None, learned["records"][:half])
+    keys = state.compositions(3)
+    singles = sorted((k for k, s in state.arms.items() if k.count("/") == 2 and s.tries),
+                     key=lambda k: (-state.mean(k), k))
+    rest, keep = items[half:], eligible[half:]
+    lines = ["", f"Transfer: the learner after items 1-{half} of the learned run, applied whole to items "
+             f"{half + 1}-{len(items)} (no search, no clean query counted). Top compositions: "
+             + ", ".join(f"`{k}`" for k in keys) + f"; best single template `{singles[0]}`.", ""]
+    rows = []
+    single = apply_whole(singles[:1], rest, scorer, 1, "stereotype")[keep]
+    rows.append(["best single fixed template (1 candidate, 3 queries)", rate(single)])
+    random_run, _ = best_run("random", 100)
+    for count in (1, 3):
+        hits = apply_whole(keys, rest, scorer, count, "stereotype")[keep]
+        rand = successes_at({"records": random_run["records"][half:]}, 3 * count, offset=3)[keep]
+        rows.append([f"learned top {count} composition(s) ({3 * count} queries)", rate(hits)])
+        rows.append([f"random, its first {count} candidate(s) ({3 * count} queries)", rate(rand)])
+        rows.append([f"difference at {3 * count} queries", paired(hits, rand)])
+    return lines + table(["attack on the second half", "ASR"], rows)
+
+
+def ten_prompts(learned: dict[str, Any], items: list[Item], scorer: Scorer, seed: int) -> list[str]:
+    """Ten successful prompts of the learned run, drawn at random (seeded), each with the audit's verdict, and the
+    audit of every attacked prompt of the run."""
+    rows = [split_row(r, it, scorer.render(replay(it, r["chain"], tuple(r["option_order"]))))
+            for r, it in zip(learned["records"], items, strict=True) if r["chain"]]
+    wins = [row for row in rows if row["success"]]
+    rng = np.random.default_rng(seed)
+    lines = ["", f"Ten successful prompts of the learned run (of {len(wins)}), drawn at random, with the audit:", ""]
+    for row in [wins[i] for i in sorted(rng.permutation(len(wins))[:10])]:
+        broken = violations(str(row.get("instruction") or ""), list(row.get("answers") or []))
+        verdict = "label-valid" if not broken else "breaks " + ", ".join(broken)
+        text = row["prompt"].replace("\n", " ⏎ ")
+        lines.append(f"- `{row['item_id']}` ({row['attack']}; audit: {verdict}): {text}")
+    audit = audit_rows(rows)
+    lines.append(f"\nAudit of every attacked prompt of the learned run: {audit['flagged']} of {audit['rows']} break a "
+                 "rule.")
+    return lines
+
+
+def table(header: list[str], rows: list[list[str]]) -> list[str]:
+    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header),
+            *("| " + " | ".join(str(c) for c in row) + " |" for row in rows)]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="gemma3-bbq")
+    parser.add_argument("--bbq", type=Path, default=BBQ)
+    parser.add_argument("--items", type=int, default=60)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--search", choices=list(SEARCHES), help="search with this method and save it")
+    parser.add_argument("--objective", default="stereotype", choices=["stereotype", "anti_stereotype"])
+    parser.add_argument("--budget", type=int, default=100)
+    parser.add_argument("--report", action="store_true", help="write the RESULTS section from the saved runs")
+    parser.add_argument("--budgets", type=int, nargs="+", default=[10, 25, 50, 100])
+    args = parser.parse_args()
+    items = held_out_ambiguous(args.model, args.bbq, args.items, args.seed)
+    folder = SAVED / f"{args.model}-{len(items)}-seed{args.seed}"
+    if args.search:
+        target = load_target(args.model, dtype=args.dtype)
+        scorer = Scorer.from_config(target, load_config("default").scoring)
+        saved = search(args.search, args.objective, args.budget, items, scorer)
+        atomic_write_json(run_file(folder, args.search, args.objective, args.budget), saved)
+        print(f"{args.search} {args.objective} b{args.budget}: {saved['seconds']:.0f} s, {saved['prompts']} prompts, "
+              f"{sum(r['success'] for r in saved['records'])} successes", flush=True)
+    if args.report:
+        report(args, items, folder)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,284 @@
+"""The run-level learner (DESIGN.md "The learner"): what each operator, template family, template and
+composition has gained on this model, updated from finished items in deterministic rounds, and the
+ranking of proposals it gives (Thompson sampling, so an arm never tried is not starved).
+
+Every scored candidate of a search is one `Observation`: the arm that made it (the operator edit or
+template applied last, or a whole composition applied at once), the templates in place after it, its
+objective gain over the nearest scored ancestor and over the clean prompt, and whether it met the
+objective. Observations go into each item's trace record, so the learner's state is a pure function of
+the prior and the trace: a resumed run rebuilds it, and a Ray worker receives it with its chunk.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from flexsearch.candidate import SLOT_FIELDS, Candidate
+from flexsearch.errors import FlexsearchError
+from flexsearch.items import source_sha256
+from flexsearch.metrics import proportion
+from flexsearch.runio import LEARNER, read_json
+
+COMPOSE = "compose"  # the ancestor of every composition arm ("compose:persona/role_play/1+instruction/...")
+SHRINK = 2.0  # pseudo-observations pulling an arm's mean toward its parent's (template → family → operator)
+GAIN_CLIP = 4.0  # one observation moves a mean by at most this much (log-odds units of the objective)
+PRIOR_SD, PRIOR_SD_WEIGHT = 1.0, 4.0  # the gain spread assumed before observations, worth this many of them
+LEARNER_SCHEMA = 1
+
+
+@dataclass(frozen=True)
+class Observation:
+    """One scored candidate, as the learner and the weak-spots table read it."""
+
+    arm: str
+    composition: str  # the slot templates in place, sorted and '+'-joined ('' when none)
+    gain: float  # objective value minus the nearest scored ancestor's
+    lift: float  # objective value minus the clean prompt's
+    success: bool  # met the objective with the margin
+    valid: bool  # natural text without a forced-choice template: a label-valid prompt
+
+    def to_list(self) -> list[Any]:
+        return [self.arm, self.composition, self.gain, self.lift, self.success, self.valid]
+
+    @classmethod
+    def from_list(cls, data: Sequence[Any]) -> Observation:
+        arm, composition, gain, lift, success, valid = data
+        return cls(str(arm), str(composition), float(gain), float(lift), bool(success), bool(valid))
+
+
+def edit_arm(operator: str, args: Mapping[str, Any]) -> str:
+    """A template edit's arm, operator/family/index; any other edit's arm is its operator."""
+    if "family" in args and "template" in args:
+        return f"{operator}/{args['family']}/{args['template']}"
+    return operator
+
+
+def composition_of(candidate: Candidate) -> str:
+    """The slot templates in place on the candidate (a slot's last edit holds its text), sorted."""
+    in_place = {e.field: edit_arm(e.operator, dict(e.args)) for e in candidate.edits if e.field in SLOT_FIELDS}
+    return "+".join(sorted(arm for arm in in_place.values() if arm.count("/") == 2))
+
+
+def arm_of(candidate: Candidate, ancestor: Candidate) -> str:
+    """What made `candidate` from its scored `ancestor`: the single edit between them, or the whole
+    composition when several were applied at once."""
+    added = candidate.edits[len(ancestor.edits):]
+    if len(added) == 1:
+        return edit_arm(added[0].operator, dict(added[0].args))
+    return f"{COMPOSE}:{composition_of(candidate)}"
+
+
+def parent_arm(arm: str) -> str | None:
+    """The arm one level up: template → family → operator → none; composition → 'compose'."""
+    if arm.startswith(f"{COMPOSE}:"):
+        return COMPOSE
+    return arm.rsplit("/", 1)[0] if "/" in arm else None
+
+
+def composition_parts(composition: str) -> list[str]:
+    return [part for part in composition.split("+") if part]
+
+
+@dataclass
+class ArmStats:
+    tries: int = 0
+    wins: int = 0
+    gain_sum: float = 0.0
+    gain_sq: float = 0.0
+
+    def add(self, gain: float, success: bool) -> None:
+        self.tries += 1
+        self.wins += int(success)
+        self.gain_sum += gain
+        self.gain_sq += gain * gain
+
+
+@dataclass
+class Learner:
+    """Per-arm statistics of one objective's search on one model, with the ranking they give."""
+
+    arms: dict[str, ArmStats] = field(default_factory=dict)
+    items: int = 0  # items whose observations went in (a prior's included)
+
+    def copy(self) -> Learner:
+        return copy.deepcopy(self)
+
+    def observe(self, observation: Observation) -> None:
+        """Adds one scored candidate: its arm and the arm's ancestors learn its gain; a composition of two or
+        more templates learns its lift over the clean prompt (what applying it whole to an item gives)."""
+        gain = float(np.clip(observation.gain, -GAIN_CLIP, GAIN_CLIP))
+        arm: str | None = observation.arm
+        if not observation.arm.startswith(f"{COMPOSE}:"):
+            while arm is not None:
+                self.arms.setdefault(arm, ArmStats()).add(gain, observation.success)
+                arm = parent_arm(arm)
+        if len(composition_parts(observation.composition)) >= 2 and observation.valid:
+            lift = float(np.clip(observation.lift, -GAIN_CLIP, GAIN_CLIP))
+            for key in (f"{COMPOSE}:{observation.composition}", COMPOSE):
+                self.arms.setdefault(key, ArmStats()).add(lift, observation.success)
+
+    def observe_item(self, observations: Iterable[Observation]) -> None:
+        for observation in observations:
+            self.observe(observation)
+        self.items += 1
+
+    def spread(self) -> float:
+        """The pooled standard deviation of observed gains (operators' level), shrunk toward PRIOR_SD."""
+        tops = [s for key, s in self.arms.items() if parent_arm(key) is None]
+        n = sum(s.tries for s in tops)
+        if n == 0:
+            return PRIOR_SD
+        mean = sum(s.gain_sum for s in tops) / n
+        squares = sum(s.gain_sq for s in tops) - n * mean * mean
+        return math.sqrt((max(squares, 0.0) + PRIOR_SD_WEIGHT * PRIOR_SD ** 2) / (n + PRIOR_SD_WEIGHT))
+
+    def mean(self, arm: str) -> float:
+        """The arm's expected gain, shrunk toward its parent's (an arm never tried takes its family's)."""
+        parent = parent_arm(arm)
+        prior = self.mean(parent) if parent is not None else 0.0
+        stats = self.arms.get(arm)
+        if stats is None:
+            return prior
+        return (stats.gain_sum + SHRINK * prior) / (stats.tries + SHRINK)
+
+    def draw(self, arm: str, rng: np.random.Generator, spread: float) -> float:
+        """One Thompson sample of the arm's gain: its mean plus noise that shrinks as it is tried."""
+        tries = self.arms[arm].tries if arm in self.arms else 0
+        return self.mean(arm) + spread / math.sqrt(tries + SHRINK) * float(rng.standard_normal())
+
+    def compositions(self, limit: int) -> list[str]:
+        """The best-known compositions of two or more templates, by mean lift."""
+        keys = [k for k in self.arms if k.startswith(f"{COMPOSE}:")]
+        return sorted(keys, key=lambda k: (-self.mean(k), k))[:limit]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"items": self.items, "arms": {key: [s.tries, s.wins, s.gain_sum, s.gain_sq]
+                                              for key, s in sorted(self.arms.items())}}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Learner:
+        arms = {str(key): ArmStats(int(v[0]), int(v[1]), float(v[2]), float(v[3])) for key, v in data["arms"].items()}
+        return cls(arms=arms, items=int(data.get("items", 0)))
+
+    def summary(self, top: int = 10) -> list[dict[str, Any]]:
+        """The arms of highest mean gain that were tried, for learner.json readers."""
+        tried = [k for k, s in self.arms.items() if s.tries and "/" in k or k.startswith(f"{COMPOSE}:")]
+        ranked = sorted(tried, key=lambda k: (-self.mean(k), k))[:top]
+        return [{"arm": k, "mean_gain": round(self.mean(k), 4), "tries": self.arms[k].tries,
+                 "wins": self.arms[k].wins} for k in ranked]
+
+
+def observations_of(record: Mapping[str, Any]) -> list[Observation]:
+    return [Observation.from_list(o) for o in record.get("observations", [])]
+
+
+def rebuilt(prior: Learner | None, records: Iterable[Mapping[str, Any]]) -> Learner:
+    """The learner after these item records, in the order given, on top of a prior."""
+    learner = prior.copy() if prior is not None else Learner()
+    for record in records:
+        learner.observe_item(observations_of(record))
+    return learner
+
+
+# ---------------------------------------------------------------- the prior (--prior RUN)
+
+
+@dataclass(frozen=True)
+class Prior:
+    """Another run's learner, read to warm-start this one; its provenance goes into config.yaml and score.json."""
+
+    states: dict[str, Learner]
+    provenance: dict[str, Any]
+
+    def for_objective(self, objective: str) -> Learner:
+        return self.states[objective]
+
+
+def read_prior(run: str | Path, objectives: Sequence[str], proposable: set[str]) -> Prior:
+    """Reads RUN/learner.json. Refused in one line: a folder without one, a prior that did not search every
+    objective this run searches (another objective scheme), or one holding no arm this search can propose
+    (a forced-choice-only run read by a label-valid search, say)."""
+    path = Path(run)
+    state_file = path / LEARNER
+    if not path.is_dir():
+        raise FlexsearchError(f"--prior {run}: not a run folder")
+    if not state_file.is_file():
+        raise FlexsearchError(f"--prior {run}: no {LEARNER} (not a finished flexsearch search run)")
+    data = read_json(state_file)
+    if not isinstance(data, dict) or data.get("schema") != LEARNER_SCHEMA or not isinstance(data.get("objectives"),
+                                                                                              dict):
+        raise FlexsearchError(f"--prior {state_file}: not a learner state of schema {LEARNER_SCHEMA}")
+    missing = [o for o in objectives if o not in data["objectives"]]
+    if missing:
+        raise FlexsearchError(f"--prior {run}: it searched {', '.join(data['objectives']) or 'nothing'}, not "
+                              f"{missing[0]} (another objective scheme); choose a run with the same objectives")
+    try:
+        states = {o: Learner.from_dict(data["objectives"][o]) for o in objectives}
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError):
+        raise FlexsearchError(f"--prior {state_file}: malformed learner state") from None
+    for objective, state in states.items():
+        usable = {key for key, s in state.arms.items() if s.tries} & proposable
+        if not usable:
+            raise FlexsearchError(f"--prior {run}: its {objective} learner holds no arm this search can propose "
+                                  "(a forced-choice-only run, or other operators); choose a run with the same "
+                                  "operators and effects")
+    provenance = {"run": str(run), "learner_sha256": source_sha256(str(state_file)), "model": data.get("model"),
+                  "data": data.get("data"), "items": {o: states[o].items for o in objectives},
+                  "method": data.get("method")}
+    return Prior(states, provenance)
+
+
+def learner_document(states: Mapping[str, Learner], method: str, model: Any, data: str,
+                     prior: Mapping[str, Any] | None) -> dict[str, Any]:
+    """learner.json: each objective's arm statistics ([tries, wins, gain sum, gain sum of squares]), its best
+    arms, and where a prior came from."""
+    return {"schema": LEARNER_SCHEMA, "method": method, "model": model, "data": data, "prior": prior,
+            "objectives": {o: {**s.to_dict(), "best": s.summary()} for o, s in states.items()}}
+
+
+# ---------------------------------------------------------------- weak spots (a model-level finding)
+
+
+def weak_spots(records: Sequence[Mapping[str, Any]], eligible: Sequence[bool], categories: Sequence[str],
+               top: int = 10, per_category: int = 3) -> dict[str, Any]:
+    """Templates and compositions ranked by the attack-eligible items they broke: n items on which a label-valid
+    candidate carrying it was scored, k of them where one such candidate met the objective. Overall and per
+    category, each rate with its Wilson interval."""
+    def table(rows: list[tuple[str, set[str]]], wanted: int) -> list[dict[str, Any]]:
+        tried: dict[str, list[bool]] = {}
+        for _, (touched, won) in rows:
+            for key in touched:
+                tried.setdefault(key, []).append(key in won)
+        ranked = [{"key": key, "kind": "composition" if "+" in key else "template", "broke": proportion(flags)}
+                  for key, flags in tried.items()]
+        ranked.sort(key=lambda r: (-r["broke"]["k"], -(r["broke"]["ci"][0] or 0.0), r["key"]))
+        return ranked[:wanted]
+
+    per_item: list[tuple[str, tuple[set[str], set[str]]]] = []
+    for record, ok, category in zip(records, eligible, categories, strict=True):
+        if not ok:
+            continue
+        touched: set[str] = set()
+        won: set[str] = set()
+        for observation in observations_of(record):
+            if not observation.valid or not observation.composition:
+                continue
+            parts = composition_parts(observation.composition)
+            keys = {*parts, *([observation.composition] if len(parts) >= 2 else [])}
+            touched |= keys
+            if observation.success:
+                won |= keys
+        per_item.append((category, (touched, won)))
+    categories_seen = sorted({c for c, _ in per_item})
+    return {
+        "items": len(per_item),
+        "overall": table([(c, r) for c, r in per_item], top),
+        "per_category": {c: table([(x, r) for x, r in per_item if x == c], per_category) for c in categories_seen},
+    }
