@@ -39,7 +39,14 @@ from flexsearch.evaluation import (
 )
 from flexsearch.items import Item, LoadResult, load_items, source_sha256
 from flexsearch.learner import Learner, Prior, learner_document, read_prior, rebuilt, weak_spots
-from flexsearch.metrics import dig, forced_choice_text, metric_text, perturbed_word_share, robustness_score
+from flexsearch.metrics import (
+    clean_metrics,
+    dig,
+    forced_choice_text,
+    metric_text,
+    perturbed_word_share,
+    robustness_score,
+)
 from flexsearch.model import requested_model
 from flexsearch.objectives import SUCCESS_MARGIN, attack_eligible, get_objective
 from flexsearch.results import Comparison, RunResult, Score
@@ -148,18 +155,21 @@ def search(data: str = "seed", *, model: str | Target = "smollm2", out: str | Pa
            config: str | SearchConfig = "default", overrides: Sequence[str] = (), budget: int | None = None,
            method: str | None = None, objective: str | None = None, control: bool | None = None,
            seed: int | None = None, limit: int | None = None, ray: RayOptions | None = None,
-           prior: str | Path | None = None) -> RunResult:
+           prior: str | Path | None = None, capability: str | None = None) -> RunResult:
     """Runs (or resumes) a search into `out` and returns its score, split rows and files.
 
     `config` is a preset name, a YAML path or a SearchConfig; `overrides` are `key=value` strings
     as for `--set`; the keyword options override both (CLI > YAML > defaults). `prior` is an earlier run
-    whose learner.json warm-starts the learner (its queries are not this run's)."""
+    whose learner.json warm-starts the learner (its queries are not this run's). `capability` is BBQ-style data
+    whose disambiguated items are scored clean beside the search: the verdict reads the model's capability from
+    them (data without disambiguated items cannot show it)."""
     started = time.time()
     resolved_config = _search_config(config, overrides, budget=budget, method=method, objective=objective,
                                      control=control, seed=seed, prior=None if prior is None else str(prior))
     target = _target(model)
     run_dir = Path(out) if out is not None else default_run_dir(data, config if isinstance(config, str) else "api")
     loaded = load_items(data, limit=limit)
+    capability_items = _capability_items(capability) if capability else None
     refused = target.white_box_problem(resolved_config, overrides)
     if refused:  # what the settings ask of the target comes before what they ask of the machine
         raise FlexsearchError(refused)
@@ -174,14 +184,20 @@ def search(data: str = "seed", *, model: str | Target = "smollm2", out: str | Pa
     settings = config_dict(resolved_config)
     resolved = {"command": "search", "data": data, "data_sha256": source_sha256(data), "limit": limit,
                 "model": requested, "scoring": settings.pop("scoring"), "search": settings,
-                "prior": warm.provenance if warm else None}
+                "prior": warm.provenance if warm else None,
+                "capability": {"data": capability, "sha256": source_sha256(capability)} if capability else None}
     with _opened_run(run_dir, resolved, target) as (run, scorer):
         items, skipped = _fitting_items(loaded, scorer, SEARCH_PROMPT_MARGIN)
         done, retries = _search_objectives(run, items, objectives, scorer, resolved_config, target, ray,
                                            config_fingerprint(resolved), warm)
         rows = _write_split(run, items, done[resolved_config.objective], scorer)
         _write_learner(run, items, done, warm, resolved_config, scorer, data)
-        score = _search_score(items, done, objectives, scorer, resolved_config, data, skipped, retries, ray)
+        measured = None
+        if capability_items is not None:
+            scores = score_all(scorer, [Candidate.root(it) for it in capability_items], "capability items")
+            measured = {"data": capability, **clean_metrics(capability_items, scores.probs, scores.letters)}
+        score = _search_score(items, done, objectives, scorer, resolved_config, data, skipped, retries, ray,
+                              measured)
         score["prior"] = warm.provenance if warm else None
         score["split_rows"] = {name: sum(split_file_of(r)[0] == jsonl for r in rows)
                                for name, jsonl in (("benchmark", SPLIT_JSONL), ("forced_choice", FORCED_JSONL),
@@ -191,6 +207,15 @@ def search(data: str = "seed", *, model: str | Target = "smollm2", out: str | Pa
         files = run.files()
     return RunResult(run_dir, Score.from_dict(written), rows, format_search_table(written, resolved_config.objective),
                      files)
+
+
+def _capability_items(data: str) -> list[Item]:
+    """The disambiguated items of --capability DATA (refused in one line when it has none)."""
+    items = [it for it in load_items(data).items if it.condition == "disambig"]
+    if not items:
+        raise FlexsearchError(f"--capability {data}: no disambiguated items (the context must name the person: "
+                              "BBQ's context_condition disambig)")
+    return items
 
 
 def _check_budget_reaches(config: SearchConfig, items: list[Item], per_prompt: int) -> None:
@@ -326,7 +351,7 @@ def _weak_spots(items: list[Item], records: dict[str, dict[str, Any]], objective
 
 def _search_score(items: list[Item], done: dict[str, dict[str, dict[str, Any]]], objectives: list[str],
                   scorer: Scorer, config: SearchConfig, data: str, skipped: dict[str, int], retries: int,
-                  ray: RayOptions | None) -> dict[str, Any]:
+                  ray: RayOptions | None, capability: dict[str, Any] | None) -> dict[str, Any]:
     arrays = {o: _outcome_arrays(o, items, [done[o][it.id] for it in items]) for o in objectives}
     letters = scorer.score([Candidate.root(it) for it in items]).letters  # cached: no new queries
     return {
@@ -342,7 +367,7 @@ def _search_score(items: list[Item], done: dict[str, dict[str, dict[str, Any]]],
         "untried_items": {o: sum(done[o][it.id]["queries"] <= scorer.queries_per_candidate
                                  and not done[o][it.id]["success"] for it in items) for o in objectives},
         **robustness_score(items, arrays[config.objective], arrays.get("anti_stereotype"), config.budget, letters,
-                           config.success_margin),
+                           config.success_margin, capability),
     }
 
 

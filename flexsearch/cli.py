@@ -209,6 +209,9 @@ def search(
     set_: Annotated[list[str] | None, typer.Option("--set", rich_help_panel="Search", help="Override a config key: "
                                                    "key=value; scoring.mode=chat, scoring.batch_size=8 and the "
                                                    "other scoring.* keys set the scoring.")] = None,
+    capability: Annotated[str | None, _option("Data", "BBQ .jsonl whose disambiguated items are scored clean beside "
+                                                      "the search: the verdict reads the model's capability from "
+                                                      "them (needed when --data has none, as FLEX's CSVs).")] = None,
     out: Annotated[Path | None, _option("Output", "Run directory (default runs/<data>-<config>); an existing one "
                                                   "resumes.")] = None,
     json_output: JsonOpt = False,
@@ -241,7 +244,7 @@ def search(
                             samples, temperature, concurrency, request_timeout, retries, request_cache)
         result = api.search(data, model=target, out=out,
                             config=config, overrides=set_ or [], budget=budget, method=method, objective=objective,
-                            control=control, seed=seed, limit=limit, ray=ray, prior=prior)
+                            control=control, seed=seed, limit=limit, ray=ray, prior=prior, capability=capability)
     _print_result(result, json_output)
 
 

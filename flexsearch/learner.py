@@ -37,7 +37,7 @@ LEARNER_SCHEMA = 1
 class Observation:
     """One scored candidate, as the learner and the weak-spots table read it."""
 
-    arm: str
+    arm: str  # the arms of the edits that made it from its nearest scored ancestor, '+'-joined
     composition: str  # the slot templates in place, sorted and '+'-joined ('' when none)
     gain: float  # objective value minus the nearest scored ancestor's
     lift: float  # objective value minus the clean prompt's
@@ -66,13 +66,15 @@ def composition_of(candidate: Candidate) -> str:
     return "+".join(sorted(arm for arm in in_place.values() if arm.count("/") == 2))
 
 
-def arm_of(candidate: Candidate, ancestor: Candidate) -> str:
-    """What made `candidate` from its scored `ancestor`: the single edit between them, or the whole
-    composition when several were applied at once."""
-    added = candidate.edits[len(ancestor.edits):]
-    if len(added) == 1:
-        return edit_arm(added[0].operator, dict(added[0].args))
-    return f"{COMPOSE}:{composition_of(candidate)}"
+def added_arms(candidate: Candidate, ancestor: Candidate) -> list[str]:
+    """The arms of the edits that made `candidate` from its `ancestor`, in the order applied."""
+    return [edit_arm(e.operator, dict(e.args)) for e in candidate.edits[len(ancestor.edits):]]
+
+
+def replaced_arms(candidate: Candidate, ancestor: Candidate) -> list[str]:
+    """The templates of `ancestor` that `candidate`'s added edits replace in their slots."""
+    in_place = {e.field: edit_arm(e.operator, dict(e.args)) for e in ancestor.edits if e.field in SLOT_FIELDS}
+    return [in_place[e.field] for e in candidate.edits[len(ancestor.edits):] if e.field in in_place]
 
 
 def parent_arm(arm: str) -> str | None:
@@ -111,11 +113,13 @@ class Learner:
         return copy.deepcopy(self)
 
     def observe(self, observation: Observation) -> None:
-        """Adds one scored candidate: its arm and the arm's ancestors learn its gain; a composition of two or
-        more templates learns its lift over the clean prompt (what applying it whole to an item gives)."""
-        gain = float(np.clip(observation.gain, -GAIN_CLIP, GAIN_CLIP))
-        arm: str | None = observation.arm
-        if not observation.arm.startswith(f"{COMPOSE}:"):
+        """Adds one scored candidate: each arm that made it (and the arm's ancestors) learns an equal share of its
+        gain, so a candidate's expected gain is the sum over its edits; a composition of two or more templates
+        learns its lift over the clean prompt (the weak-spots ranking and the transfer check read it)."""
+        added = composition_parts(observation.arm)
+        gain = float(np.clip(observation.gain, -GAIN_CLIP, GAIN_CLIP)) / max(len(added), 1)
+        for part in added:
+            arm: str | None = part
             while arm is not None:
                 self.arms.setdefault(arm, ArmStats()).add(gain, observation.success)
                 arm = parent_arm(arm)
@@ -173,6 +177,19 @@ class Learner:
         ranked = sorted(tried, key=lambda k: (-self.mean(k), k))[:top]
         return [{"arm": k, "mean_gain": round(self.mean(k), 4), "tries": self.arms[k].tries,
                  "wins": self.arms[k].wins} for k in ranked]
+
+
+class RoundDraws:
+    """One Thompson draw per arm for a round of proposals, made on first use (in pool order: deterministic)."""
+
+    def __init__(self, learner: Learner, rng: np.random.Generator) -> None:
+        self.learner, self.rng, self.spread = learner, rng, learner.spread()
+        self.drawn: dict[str, float] = {}
+
+    def __call__(self, arm: str) -> float:
+        if arm not in self.drawn:
+            self.drawn[arm] = self.learner.draw(arm, self.rng, self.spread)
+        return self.drawn[arm]
 
 
 def observations_of(record: Mapping[str, Any]) -> list[Observation]:

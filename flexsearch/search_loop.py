@@ -26,7 +26,16 @@ from flexsearch.attacks.importance import importance_from_probes, leave_one_out_
 from flexsearch.candidate import Candidate
 from flexsearch.config import SearchConfig
 from flexsearch.items import Item
-from flexsearch.learner import COMPOSE, Learner, Observation, arm_of, composition_of, observations_of
+from flexsearch.learner import (
+    COMPOSE,
+    Learner,
+    Observation,
+    RoundDraws,
+    added_arms,
+    composition_of,
+    observations_of,
+    replaced_arms,
+)
 from flexsearch.objectives import Objective, attack_eligible, get_objective
 from flexsearch.scoring import Scorer
 
@@ -138,7 +147,7 @@ class ItemState:
             ancestor = ancestor.parent
         if ancestor is not None and candidate.edits:
             clean = self.scored[prompt_key(Candidate.root(self.item))]
-            observation = Observation(arm_of(candidate, ancestor), composition_of(candidate),
+            observation = Observation("+".join(added_arms(candidate, ancestor)), composition_of(candidate),
                                       float(value - self.scored[prompt_key(ancestor)]), float(value - clean),
                                       bool(self.objective.success(probs, self.item)),
                                       candidate.natural and not candidate.forced_choice)
@@ -394,25 +403,31 @@ def random_search(ctx: SearchContext, state: ItemState) -> SearchMethod:
             return
 
 
-COMPOSITIONS_PROPOSED = 8  # the best-known compositions offered whole to each item, beside the single edits
-
-
 def learned_proposals(ctx: SearchContext, state: ItemState, parent: Candidate) -> list[Candidate]:
-    """Every proposal on `parent`: each library operator's whole library (`enumerate`), each other operator's
-    sampled proposals (word edits at positions it picks; a gradient operator only when the budget pays)."""
+    """Every proposal on `parent`: each library operator's whole library (`enumerate`), every pair of two library
+    operators' templates set together (a persona with an instruction: compositions are what moves a model), and
+    each other operator's sampled proposals (word edits at positions it picks; a gradient operator only when the
+    budget pays)."""
+    libraries = [op for op in ctx.operators if hasattr(op, "enumerate")]
     pool: list[Candidate] = []
     for operator in ctx.operators:
-        listing = getattr(operator, "enumerate", None)
-        pool += listing(parent) if listing is not None else propose_all(ctx, state, parent, [operator])
+        if operator in libraries:
+            singles = operator.enumerate(parent)  # type: ignore[attr-defined]
+            pool += singles
+            for other in libraries[libraries.index(operator) + 1:]:
+                pool += [pair for single in singles for pair in other.enumerate(single)]  # type: ignore[attr-defined]
+        else:
+            pool += propose_all(ctx, state, parent, [operator])
     return pool
 
 
 def composed(ctx: SearchContext, root: Candidate, composition: str) -> Candidate | None:
-    """The clean prompt with a known composition's templates set, or None when this item cannot fill one."""
+    """The clean prompt with a composition's templates set ('persona/role_play/1+instruction/...'), or None when this
+    item cannot fill one."""
     candidate = root
     for part in composition.removeprefix(f"{COMPOSE}:").split("+"):
         matches = [c for op in ctx.operators if hasattr(op, "enumerate")
-                   for c in op.enumerate(candidate) if arm_of(c, candidate) == part]
+                   for c in op.enumerate(candidate) if added_arms(c, candidate) == [part]]
         if not matches:
             return None
         candidate = matches[0]
@@ -420,32 +435,25 @@ def composed(ctx: SearchContext, root: Candidate, composition: str) -> Candidate
 
 
 def learned_search(ctx: SearchContext, state: ItemState) -> SearchMethod:
-    """The default. Each round ranks every proposal on the current best prompt (each template of the library,
-    sampled word edits) and the run's best-known compositions applied whole to the clean prompt by the value
-    they are expected to reach: the prompt's own value plus a Thompson draw of its arm's gain from the run-level
-    learner (DESIGN.md "The learner"), and scores the `population` best. Compositions grow around the best;
+    """The default. Each round ranks every proposal on the current best prompt (each template of the library, each
+    persona-instruction pair, sampled word edits) by the value it is expected to reach: the best prompt's own value
+    plus a Thompson draw of the gain of each arm it adds, minus that of each template it replaces, drawn from the
+    run-level learner (DESIGN.md "The learner"); it scores the `population` best. Compositions grow around the best;
     word edits, which no library lists, come in when their arm has paid on this model or the templates run out."""
     root = Candidate.root(state.item)
-    probs = yield Request([root])
-    root_value = ctx.values(state.item, probs)[0]
-    wholes = [c for key in state.learner.compositions(COMPOSITIONS_PROPOSED)
-              if (c := composed(ctx, root, key)) is not None]
+    yield Request([root])
     for _ in range(ctx.config.steps):
         if state.succeeded and ctx.config.stop_on_success:
             return
         parent, parent_value = state.best or root, state.best_value
-        spread = state.learner.spread()
-        draws: dict[str, float] = {}
+        drawn = RoundDraws(state.learner, state.rng)
         ranked: list[tuple[float, int, Candidate]] = []
-        pool = [(parent, parent_value, c) for c in learned_proposals(ctx, state, parent)]
-        pool += [(root, root_value, c) for c in wholes]
-        for order, (anchor, base, candidate) in enumerate(pool):
+        for order, candidate in enumerate(learned_proposals(ctx, state, parent)):
             if prompt_key(candidate) in state.seen:
                 continue
-            arm = arm_of(candidate, anchor)
-            if arm not in draws:  # one draw per arm and round, in pool order (deterministic)
-                draws[arm] = state.learner.draw(arm, state.rng, spread)
-            ranked.append((base + draws[arm], order, candidate))
+            expected = (parent_value + sum(drawn(a) for a in added_arms(candidate, parent))
+                        - sum(drawn(a) for a in replaced_arms(candidate, parent)))
+            ranked.append((expected, order, candidate))
         ranked.sort(key=lambda t: (-t[0], t[1]))
         chosen: list[Candidate] = []
         wanted = ctx.config.population

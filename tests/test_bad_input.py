@@ -221,7 +221,7 @@ CASES: list[tuple[str, list[str], str]] = [
      "operators[0] (instruction): n must be at least 1"),
     ("opt-budget-one", S("--budget", "1"), "--budget: field 'budget': must be at least 2"),
     ("opt-method", S("--method", "randomly"),
-     "--method: field 'method': expected one of greedy, beam, evolutionary, random"),
+     "--method: field 'method': expected one of learned, greedy, beam, evolutionary, random"),
     ("opt-objective", S("--objective", "stereo"), "Did you mean 'stereotype'"),
     ("opt-limit-zero", S("--limit", "0"), "Invalid value for '--limit'"),
     ("opt-limit-negative", S("--limit", "-1"), "Invalid value for '--limit'"),

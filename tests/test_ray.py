@@ -21,7 +21,7 @@ ray = pytest.importorskip("ray")
 SETTINGS = ["constraints=[protected_spans, unique_positions, polarity_guard]",
             "operators=[{name: persona, n: 2}, {name: instruction, n: 2}, "
             "{name: textbugger, bugs: [insert, delete, swap, sub_c], positions: 1, per_position: 2}]",
-            "item_batch=2"]
+            "item_batch=2", "learner_round=4"]  # two rounds of two chunks: the learner between them
 
 
 @pytest.fixture(scope="module", autouse=True)

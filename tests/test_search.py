@@ -92,7 +92,7 @@ def test_evaluate_split_transfers_to_another_model(tiny_run, tiny_model_dir, tmp
     assert score["clean"]["accuracy"]["value"] == searched["clean"]["accuracy"]["value"]
 
 
-@pytest.mark.parametrize("method", ["greedy", "beam", "evolutionary", "random"])
+@pytest.mark.parametrize("method", ["learned", "greedy", "beam", "evolutionary", "random"])
 def test_every_method_respects_the_budget_and_is_deterministic(tiny_target, seed_items, method):
     config = load_config("default", FAST[1::2], method=method, budget=12, control=False)
     outcomes = []
@@ -113,12 +113,12 @@ def test_every_method_respects_the_budget_and_is_deterministic(tiny_target, seed
 
 def test_config_precedence_and_errors():
     config = load_config("default", ["budget=7", "scoring.batch_size=3"], budget=9)
-    assert config.budget == 9 and config.scoring.batch_size == 3 and config.method == "beam"
+    assert config.budget == 9 and config.scoring.batch_size == 3 and config.method == "learned"
     with pytest.raises(FlexsearchError, match="unknown setting"):
         load_config("default", ["beam_widht=3"])
     with pytest.raises(FlexsearchError, match="unknown config preset"):
         load_config("nope")
-    for preset in ("default", "flex", "textbugger", "bert_attack", "templates_only", "gradient", "research"):
+    for preset in ("default", "beam", "flex", "textbugger", "bert_attack", "templates_only", "gradient", "research"):
         assert load_config(preset).budget >= 2
 
 
@@ -145,7 +145,7 @@ def test_changed_settings_refuse_to_resume(tiny_run, tiny_model_dir):
 
 def test_resume_after_kill_equals_uninterrupted_run(tiny_model_dir, tmp_path):
     args = [sys.executable, "-m", "flexsearch.cli", "search", "--model", str(tiny_model_dir), "--data", "seed",
-            "--limit", "24", "--budget", "14", "--set", "item_batch=2", *FAST]
+            "--limit", "24", "--budget", "14", "--set", "item_batch=2", "--set", "learner_round=4", *FAST]
     env = {**os.environ, "TQDM_DISABLE": "1"}
     subprocess.run([*args, "--out", str(tmp_path / "whole")], check=True, env=env, capture_output=True)
     killed = subprocess.Popen([*args, "--out", str(tmp_path / "resumed")], env=env,

@@ -1,0 +1,116 @@
+"""Differences of two success rates with intervals and tests that hold at small n (DESIGN.md "Metrics",
+"Differences of rates").
+
+A difference of rates here is ASR toward one answer minus ASR toward another (the fairness gap), or run B's rate
+minus run A's on shared items (compare). Each rate has its own eligible items; the items eligible both ways are
+paired. When every item is paired (an all-ambiguous run: the eligible sets coincide), the interval is Tango's
+score interval for a paired difference and the test is the exact McNemar test on the discordant items. Otherwise
+the interval is Newcombe's hybrid score (MOVER) interval from the two Wilson intervals, with the correlation the
+shared items give, and the test is Fisher's exact test on the two rates as if independent (conservative when the
+shared items agree more than chance). `benchmarks/bench_intervals.py` measures the coverage.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+from scipy.stats import binomtest, fisher_exact
+
+Z_95 = 1.959964
+
+
+def _wilson(k: int, n: int, z: float = Z_95) -> tuple[float, float]:
+    p = k / n
+    denominator = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denominator
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denominator
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def tango_interval(b: int, c: int, n: int, z: float = Z_95) -> tuple[float, float]:
+    """Tango's (1998) score interval for q12 − q21 from n pairs, b of them (1, 0) and c (0, 1): every Δ whose
+    score statistic |b − c − nΔ| / sqrt(n(2q̂ + Δ − Δ²)) stays within z, q̂ the restricted maximum-likelihood
+    estimate of q21 given Δ. Bounds by bisection; never zero width for n ≥ 1."""
+    def statistic(delta: float) -> float:
+        a_coef = 2.0 * n
+        b_coef = -b - c + (2.0 * n - b + c) * delta
+        c_coef = -c * delta * (1.0 - delta)
+        q21 = (math.sqrt(max(b_coef * b_coef - 4 * a_coef * c_coef, 0.0)) - b_coef) / (2 * a_coef)
+        variance = n * (2 * q21 + delta - delta * delta)
+        numerator = b - c - n * delta
+        if variance <= 0:
+            return 0.0 if abs(numerator) < 1e-12 else math.inf
+        return abs(numerator) / math.sqrt(variance)
+
+    centre = (b - c) / n
+
+    def bound(edge: float) -> float:
+        inside, outside = centre, edge
+        if statistic(edge) <= z:
+            return edge
+        for _ in range(60):
+            middle = (inside + outside) / 2
+            if statistic(middle) <= z:
+                inside = middle
+            else:
+                outside = middle
+        return inside
+
+    return bound(-1.0), bound(1.0)
+
+
+def mover_interval(k1: int, n1: int, k2: int, n2: int, correlation: float, z: float = Z_95) -> tuple[float, float]:
+    """Newcombe's hybrid score interval for p1 − p2 (the MOVER combination of the two Wilson intervals) with the
+    correlation of the two estimates (0 for independent samples)."""
+    p1, p2 = k1 / n1, k2 / n2
+    l1, u1 = _wilson(k1, n1, z)
+    l2, u2 = _wilson(k2, n2, z)
+    d = p1 - p2
+    low = d - math.sqrt(max((p1 - l1) ** 2 - 2 * correlation * (p1 - l1) * (u2 - p2) + (u2 - p2) ** 2, 0.0))
+    high = d + math.sqrt(max((u1 - p1) ** 2 - 2 * correlation * (u1 - p1) * (p2 - l2) + (p2 - l2) ** 2, 0.0))
+    return max(-1.0, low), min(1.0, high)
+
+
+def _phi(both: int, first_only: int, second_only: int, neither: int) -> float:
+    """Newcombe's continuity-corrected phi for a paired 2×2 table (0 when a margin is empty)."""
+    n = both + first_only + second_only + neither
+    denominator = math.sqrt((both + first_only) * (second_only + neither) * (both + second_only)
+                            * (first_only + neither))
+    if denominator == 0:
+        return 0.0
+    cross = both * neither - first_only * second_only
+    corrected = max(cross - n / 2, 0.0) if cross > 0 else cross
+    return corrected / denominator
+
+
+def rate_difference(success_a: np.ndarray, eligible_a: np.ndarray, success_b: np.ndarray,
+                    eligible_b: np.ndarray) -> dict[str, Any]:
+    """rate_a − rate_b over per-item flags (rate = successes among the eligible items of that side), with a 95%
+    interval and a two-sided p-value for no difference (see the module's note for which ones)."""
+    a = np.asarray(success_a, dtype=bool) & np.asarray(eligible_a, dtype=bool)
+    b = np.asarray(success_b, dtype=bool) & np.asarray(eligible_b, dtype=bool)
+    ea, eb = np.asarray(eligible_a, dtype=bool), np.asarray(eligible_b, dtype=bool)
+    n1, n2 = int(ea.sum()), int(eb.sum())
+    if n1 == 0 or n2 == 0:
+        return {"value": None, "ci": [None, None], "n": int((ea | eb).sum()), "p": None, "method": None}
+    k1, k2 = int(a.sum()), int(b.sum())
+    both = ea & eb
+    value = k1 / n1 - k2 / n2
+    if np.array_equal(ea, eb):
+        first_only, second_only = int((a & ~b & both).sum()), int((~a & b & both).sum())
+        low, high = tango_interval(first_only, second_only, n1)
+        discordant = first_only + second_only
+        p = binomtest(first_only, discordant, 0.5).pvalue if discordant else 1.0
+        method = "tango-paired"
+    else:
+        shared = int(both.sum())
+        table = (int((a & b & both).sum()), int((a & ~b & both).sum()), int((~a & b & both).sum()),
+                 int((~a & ~b & both).sum()))
+        correlation = _phi(*table) * shared / math.sqrt(n1 * n2) if shared else 0.0
+        low, high = mover_interval(k1, n1, k2, n2, correlation)
+        p = float(fisher_exact([[k1, n1 - k1], [k2, n2 - k2]])[1])
+        method = "newcombe-mover"
+    return {"value": round(value, 6), "ci": [round(low, 6), round(high, 6)], "n": int((ea | eb).sum()),
+            "p": round(float(p), 4), "method": method}
