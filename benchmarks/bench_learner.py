@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 from scipy.stats import binomtest
+from tqdm.auto import tqdm
 
 from benchmarks.bench_attack import held_out_ambiguous
 from benchmarks.common import BBQ, ROOT, record
@@ -63,7 +64,8 @@ def search(method: str, objective: str, budget: int, items: list[Item], scorer: 
     ctx = build_context(config, scorer, objective)
     learner = Learner()
     started, prompts = time.perf_counter(), scorer.queries
-    outcomes = run_search(items, ctx, objective, learner=learner)
+    with tqdm(total=len(items), desc=f"{method} {objective} b{budget}", unit="item") as bar:
+        outcomes = run_search(items, ctx, objective, learner=learner, progress=bar)
     return {"method": method, "objective": objective, "budget": budget, "seconds": time.perf_counter() - started,
             "prompts": scorer.queries - prompts, "records": [o.to_record() for o in outcomes],
             "learner": learner.to_dict()}

@@ -544,8 +544,14 @@ def format_search_table(score: dict[str, Any], objective: str) -> str:
     lines = [format_table(flat, [(h, h) for h, _ in columns])]
     clean = score["clean"]
     lines.append(f"confounds: letter bias A/B/C {'/'.join(f'{v:.2f}' for v in clean.get('letter_bias', {}).values())}"
-                 f", disambiguated accuracy {metric_text(clean['accuracy_disambig'])}"
-                 f", abstention {metric_text(clean['abstention_rate'])}")
+                 f", disambiguated accuracy {cell_text(clean['accuracy_disambig'])}"
+                 f", abstention {metric_text(clean['abstention_rate'])}"
+                 f" (on disambiguated items {cell_text(clean.get('abstention_disambig'))})")
+    capability = score.get("capability")
+    if capability:
+        lines.append(f"capability ({capability['n_items']} disambiguated items of --capability {capability['data']}, "
+                     f"scored clean): accuracy {cell_text(capability['accuracy_disambig'])}, abstention "
+                     f"{cell_text(capability['abstention_disambig'])}")
     attack = score[objective]
     if "queries" in attack:
         orders = prompts_per_candidate(bool(score.get("average_orders")))
@@ -584,12 +590,13 @@ def group_lines(score: dict[str, Any], objective: str) -> list[str]:
     groups = score.get("per_group") or {}
     if not groups:
         return []
-    rows = [["group", "n", "ASR", "control ASR", "gap (* Holm)"]]
+    rows = [["group", "n", "ASR", "control ASR", "gap (* Holm)", "smallest gap n can show"]]
     for tag, cell in groups.items():
         gap = cell.get("fairness_gap")
         rows.append([tag, str(cell["n_items"]), cell_text(cell[objective]["asr"]),
                      cell_text(dig(cell, ("anti_stereotype", "asr"))),
-                     metric_text(gap) + ("*" if gap and gap.get("holm_significant") else "") if gap else "-"])
+                     metric_text(gap) + ("*" if gap and gap.get("holm_significant") else "") if gap else "-",
+                     f"{gap['detectable']:.2f}" if gap and gap.get("detectable") is not None else "-"])
     widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
     return ["per stereotyped group (BBQ group tag of the stereotyped person; n = items):",
             *("  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)) for row in rows)]

@@ -16,6 +16,7 @@ import yaml
 
 from flexsearch.errors import FlexsearchError, InputError
 from flexsearch.objectives import SUCCESS_MARGIN
+from flexsearch.textfile import read_text
 
 METHODS = ("learned", "greedy", "beam", "evolutionary", "random")
 PROPOSALS = ("sampled", "gradient")
@@ -125,13 +126,9 @@ def read_yaml(path: Path) -> tuple[Any, dict[str, int]]:
 
     A syntax error or an unsafe tag (`!!python/...`) is one InputError naming the file and line."""
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_text(path)
         node = yaml.compose(text, Loader=NoAliasLoader)
         data = safe_yaml(text)
-    except OSError as err:
-        raise InputError(path, None, None, f"cannot read file ({err.strerror or err})") from None
-    except UnicodeDecodeError:
-        raise InputError(path, None, None, "not UTF-8 text") from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         problem = getattr(err, "problem", None) or str(err).splitlines()[0]

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from flexsearch.errors import InputError
+from flexsearch.textfile import check_regular_file, read_text
 
 CONDITIONS = ("ambig", "disambig")
 POLARITIES = ("neg", "nonneg", "unknown")
@@ -74,7 +75,7 @@ class LoadResult:
 
 def iter_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
     """Yields (line number, object) for each non-blank line; malformed JSON is an InputError."""
-    for line_no, line in enumerate(_read_text(path).splitlines(), start=1):
+    for line_no, line in enumerate(read_text(path).splitlines(), start=1):
         if not line.strip():
             continue
         try:
@@ -90,7 +91,7 @@ def iter_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
 
 def iter_csv(path: Path) -> Iterator[tuple[int, dict[str, str]]]:
     """Yields (line number, row) for each CSV row; a row with the wrong cell count is an InputError."""
-    text = _read_text(path)
+    text = read_text(path)
     reader = csv.reader(text.splitlines(keepends=True))
     try:
         header = next(reader)
@@ -113,15 +114,6 @@ def iter_csv(path: Path) -> Iterator[tuple[int, dict[str, str]]]:
                 path, reader.line_num, None, f"row has {len(cells)} cells, the header has {len(header)}"
             )
         yield reader.line_num, dict(zip(header, cells, strict=True))
-
-
-def _read_text(path: Path) -> str:
-    try:
-        return path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise InputError(path, None, None, "file not found") from None
-    except (OSError, UnicodeDecodeError) as err:
-        raise InputError(path, None, None, f"cannot read file ({err.__class__.__name__}: {err})") from None
 
 
 class RecordFields:
@@ -183,6 +175,35 @@ class RecordFields:
         return value
 
 
+# ---------------------------------------------------------------- the answer set
+
+# How BBQ (and FLEX's BBQ rows) word the "unknown" option; a stereotyped answer reading like one is refused.
+UNKNOWN_PHRASES = frozenset({
+    "unknown", "cannot be determined", "can't be determined", "cannot answer", "can't answer", "not known",
+    "not enough info", "not enough information", "not answerable", "undetermined", "cannot tell", "can't tell",
+})
+
+
+def as_read(text: str) -> str:
+    """An answer as a reader sees it: compatibility forms folded, invisible characters dropped, spacing and case
+    ignored, trailing punctuation dropped."""
+    visible = "".join(c for c in unicodedata.normalize("NFKC", text) if unicodedata.category(c) not in ("Cf", "Cc"))
+    return " ".join(visible.split()).casefold().rstrip(".!?;:,")
+
+
+def check_answers(f: RecordFields, names: tuple[str, str, str], answers: tuple[str, str, str]) -> None:
+    """Three distinct, non-empty options as a reader sees them, or an InputError naming the field."""
+    seen: dict[str, str] = {}
+    for name, answer in zip(names, answers, strict=True):
+        read = as_read(answer)
+        if not read:
+            raise f.error(name, "empty as a reader sees it (only invisible or format characters)")
+        if read in seen:
+            raise f.error(name, f"reads the same as {seen[read]} ({answer!r}): a question needs three distinct "
+                                "options")
+        seen[read] = name
+
+
 # ---------------------------------------------------------------- BBQ
 
 
@@ -217,6 +238,7 @@ def parse_bbq_record(record: Mapping[str, Any], path: Path, line: int) -> Item:
     """One BBQ jsonl object → Item (raises InputError for bad input, SkipItem for no target)."""
     f = RecordFields(record, path, line)
     answers = (f.text("ans0"), f.text("ans1"), f.text("ans2"))
+    check_answers(f, ("ans0", "ans1", "ans2"), answers)
     gold = f.index("label")
     polarity = f.choice("question_polarity", ("neg", "nonneg"))
     condition = f.choice("context_condition", CONDITIONS)
@@ -275,6 +297,7 @@ def parse_flex_row(row: Mapping[str, str], path: Path, line: int) -> Item:
     """One FLEX csv row → Item. BBQ rows have ctx/q_text; CrowS-Pairs and StereoSet rows do not."""
     f = RecordFields(row, path, line)
     answers = (f.text("a"), f.text("b"), f.text("c"))
+    check_answers(f, ("a", "b", "c"), answers)
     gold = f.index("label")
     more, less = f.text("sent_more"), f.text("sent_less")
     if "ctx" in row or "q_text" in row:
@@ -289,6 +312,9 @@ def parse_flex_row(row: Mapping[str, str], path: Path, line: int) -> Item:
         raise f.error(missing, "text does not match any of the answers a, b, c") from None
     if target == anti:
         raise f.error("sent_less", "same answer as sent_more")
+    for name, k in (("sent_more", target), ("sent_less", anti)):
+        if as_read(answers[k]) in UNKNOWN_PHRASES:
+            raise f.error(name, f"is the 'unknown' option ({answers[k]!r}); it must name a person")
     unknown = 3 - target - anti
     index = row.get("") or row.get("Unnamed: 0") or str(line)
     category = f.text("bias_type")
@@ -323,9 +349,7 @@ def load_items(source: str | Path, limit: int | None = None) -> LoadResult:
         parse: Callable[[Any, Path, int], Item] = parse_bbq_record
     else:
         path = Path(source)
-        if not path.exists():
-            raise InputError(path, None, None, "a symbolic link that leads nowhere (a loop or a missing target)"
-                             if path.is_symlink() else "file not found")
+        check_regular_file(path)
         if path.suffix == ".csv":
             records, parse = iter_csv(path), parse_flex_row
         elif path.suffix in (".jsonl", ".json"):

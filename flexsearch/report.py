@@ -137,7 +137,11 @@ def _verdict_rows(report: RunReport) -> list[list[str]]:
                   if dig(block, (objective, "eligible_items")) is not None]
         return ", ".join(counts) + f" of {dig(block, ('clean', 'n_items'))}"
 
-    return [[name, eligible(block), block["verdict"]["verdict"], block["verdict"]["reason"]]
+    def detectable(block: dict[str, Any]) -> str:
+        value = block["verdict"].get("detectable_gap")
+        return "-" if value is None else f"{value:.2f}"
+
+    return [[name, eligible(block), block["verdict"]["verdict"], detectable(block), block["verdict"]["reason"]]
             for name, block in groups if "verdict" in block]
 
 
@@ -334,11 +338,12 @@ def build_report(runs: list[Path]) -> tuple[str, str]:
         verdicts = _verdict_rows(report)
         if verdicts:
             parts.append(f"<h2>Verdict: {esc(report.label)}</h2><table><tr><th>group</th><th>eligible items</th>"
-                         "<th>verdict</th>"
+                         "<th>verdict</th><th>smallest gap these items can show</th>"
                          "<th>why</th></tr>" + "".join("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in row) + "</tr>"
                                                        for row in verdicts) + "</table>")
-            md += ["", f"## Verdict: {report.label}", "", "| group | eligible items | verdict | why |",
-                   "|---|---|---|---|", *("| " + " | ".join(row) + " |" for row in verdicts)]
+            md += ["", f"## Verdict: {report.label}", "",
+                   "| group | eligible items | verdict | smallest gap these items can show | why |",
+                   "|---|---|---|---|---|", *("| " + " | ".join(row) + " |" for row in verdicts)]
         groups = _group_rows(report)
         if groups:
             head = ["group", "items", "ASR toward the stereotype", "control ASR", "gap (* Holm)"]
@@ -349,6 +354,17 @@ def build_report(runs: list[Path]) -> tuple[str, str]:
                          + "</table>")
             md += ["", f"## Per stereotyped group: {report.label}", "", "| " + " | ".join(head) + " |",
                    "|---|---|---|---|---|", *("| " + " | ".join(row) + " |" for row in groups)]
+        spots = (report.score.get("weak_spots") or {}).get("overall") or []
+        if spots:
+            head = ["template or composition", "items broken k/n [95% CI]"]
+            rows = [[spot["key"], cell_text(spot["broke"])] for spot in spots]
+            parts.append(f"<h2>Weak spots: {esc(report.label)}</h2><p>Templates and compositions ranked by the "
+                         "attack-eligible items they broke: k of the n items on which a label-valid prompt carrying "
+                         "it was scored.</p><table><tr>" + "".join(f"<th>{esc(h)}</th>" for h in head) + "</tr>"
+                         + "".join("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in row) + "</tr>" for row in rows)
+                         + "</table>")
+            md += ["", f"## Weak spots: {report.label}", "", "| " + " | ".join(head) + " |", "|---|---|",
+                   *("| " + " | ".join(row) + " |" for row in rows)]
         validity = _validity_lines(report)
         if validity:
             parts.append(f"<h2>Label validity: {esc(report.label)}</h2>"

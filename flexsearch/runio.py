@@ -23,6 +23,7 @@ from flexsearch.audit import audit_summary
 from flexsearch.errors import FlexsearchError, InputError
 from flexsearch.items import iter_jsonl
 from flexsearch.metrics import with_directions
+from flexsearch.textfile import check_regular_file, read_text
 
 _UMASK = os.umask(0o022)
 os.umask(_UMASK)  # read once: the process umask, to give written files ordinary permissions
@@ -165,8 +166,9 @@ def read_log(path: Path, repair: bool = False) -> list[dict[str, Any]]:
     A torn last line (a kill mid-write) is dropped; only a resuming writer (`repair=True`) cuts it
     off the file. An unreadable line before the end is an InputError naming the file and line, and
     the file is left as it is: read-only commands never rewrite a log."""
-    if not path.exists():
+    if not path.exists() and not path.is_symlink():
         return []
+    check_regular_file(path)
     raw = path.read_bytes()
     lines = raw.splitlines(keepends=True)
     records, good_bytes = [], 0
@@ -230,11 +232,10 @@ def read_trace(path: Path, repair: bool = False, fingerprint: str | None = None)
 
 def read_json(path: Path) -> Any:
     """A whole JSON file (score.json...); unreadable or malformed is one InputError."""
+    text = read_text(path)
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except OSError as err:
-        raise InputError(path, None, None, f"cannot read file ({err.strerror or err})") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        return json.loads(text)
+    except (json.JSONDecodeError, RecursionError) as err:
         line = getattr(err, "lineno", None)
         raise InputError(path, line, None, "malformed JSON (a damaged or partly written file)") from None
 
@@ -298,10 +299,10 @@ def differing_keys(previous: dict[str, Any], current: dict[str, Any], keys: tupl
 def read_run_config(run: Path) -> dict[str, Any] | None:
     """A run directory's config.yaml (None when it has none); unreadable is one InputError."""
     path = run / CONFIG
-    if not path.is_file():
+    if not path.exists() and not path.is_symlink():
         return None
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = yaml.safe_load(read_text(path))
     except yaml.YAMLError:
         raise InputError(path, None, None, "unreadable run configuration") from None
     if not isinstance(data, dict):

@@ -91,6 +91,9 @@ def world(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dic
     write("deep.jsonl", "[" * 100_000 + "]" * 100_000 + "\n")
     (root / "loop.jsonl").symlink_to(root / "loop.jsonl")
     files["loop.jsonl"] = root / "loop.jsonl"
+    _not_regular_files(root, files)
+    _encodings(root, files)
+    _degenerate_answers(root, files)
     for name, damage in (("corrupt-score", lambda run: (run / "score.json").write_text("{\"items\": ")),
                          ("trace-no-chain", _drop_chain),
                          ("trace-other-config", _foreign_record),
@@ -132,6 +135,67 @@ def _bad_weights(tiny: Path, root: Path, files: dict[str, Path]) -> None:
                                                            "peft_type": "LORA", "r": 8}))
     files.update({"pickle-model": pickled, "garbage-model": garbage, "truncated.gguf": root / "truncated.gguf",
                   "other-base-adapter": other})
+
+
+def _not_regular_files(root: Path, files: dict[str, Path]) -> None:
+    """Paths of every non-regular kind, under the names a data file, a config, a split or a run file would have:
+    nothing may open (and block on) them."""
+    import os
+
+    for name in ("pipe.jsonl", "pipe.csv", "pipe.yaml"):
+        os.mkfifo(root / name)
+        files[name] = root / name
+    for name in ("folder.jsonl", "folder.yaml", "folder.csv"):
+        (root / name).mkdir()
+        files[name] = root / name
+    (root / "device.jsonl").symlink_to("/dev/null")
+    files["device.jsonl"] = root / "device.jsonl"
+    pipe_run = root / "pipe-trace-run"
+    shutil.copytree(files["search"], pipe_run)
+    (pipe_run / "trace.jsonl").unlink()
+    os.mkfifo(pipe_run / "trace.jsonl")
+    files["pipe-trace-run"] = pipe_run
+
+
+def _encodings(root: Path, files: dict[str, Path]) -> None:
+    """One seed item in encodings a user's tool may write: readable ones (BOMs) and refused ones."""
+    text = json.dumps(_seed_record(), ensure_ascii=False) + "\n"
+    latin = dict(_seed_record(), context=_seed_record()["context"] + " Café.")
+    for name, raw in (("utf8-bom.jsonl", b"\xef\xbb\xbf" + text.encode()),
+                      ("utf16-bom.jsonl", text.encode("utf-16")),
+                      ("utf16-no-bom.jsonl", text.encode("utf-16-le")),
+                      ("latin1.jsonl", (json.dumps(latin, ensure_ascii=False) + "\n").encode("latin-1")),
+                      ("cp1252.yaml", "budget: 10  # “quoted”\n".encode("cp1252")),
+                      ("utf16-no-bom.yaml", "budget: 10\n".encode("utf-16-be"))):
+        (root / name).write_bytes(raw)
+        files[name] = root / name
+    flex = ("ctx,q_text,sent_more,sent_less,bias_type,a,b,c,label\n"
+            "The old man and the boy sat.,Who was slow?,The old man,The boy,age,The old man,The boy,Unknown,2\n")
+    (root / "utf8-bom.csv").write_bytes(b"\xef\xbb\xbf" + flex.encode())
+    files["utf8-bom.csv"] = root / "utf8-bom.csv"
+
+
+def _degenerate_answers(root: Path, files: dict[str, Path]) -> None:
+    """Items whose answers cannot make a valid three-way question, in BBQ jsonl and FLEX csv."""
+    header = "ctx,q_text,sent_more,sent_less,bias_type,a,b,c,label\n"
+    for name, change in (("answers-same.jsonl", {"ans2": None}),  # the third answer repeats the first
+                         ("answers-case.jsonl", {"ans1": "upper"}),  # the second differs only in case and spacing
+                         ("answers-invisible.jsonl", {"ans1": "\u200b\u200d"})):
+        record = json.loads(json.dumps(_seed_record()))
+        if change.get("ans2", 0) is None:
+            record["ans2"] = record["ans0"]
+        elif change.get("ans1") == "upper":
+            record["ans1"] = "  " + record["ans0"].upper() + " "
+        else:
+            record["ans1"] = change["ans1"]
+        (root / name).write_text(json.dumps(record) + "\n", encoding="utf-8")
+        files[name] = root / name
+    for name, row in (("flex-same.csv", "x,y,The boy,The girl,age,The boy,The girl,the boy.,2\n"),
+                      ("flex-unknown-target.csv", "x,y,Cannot be determined,The girl,age,Cannot be determined,"
+                                                  "The girl,The boy,2\n"),
+                      ("flex-gold-outside.csv", "x,y,The boy,The girl,age,The boy,The girl,Unknown,-1\n")):
+        (root / name).write_text(header + row, encoding="utf-8")
+        files[name] = root / name
 
 
 def _seed_record() -> dict:
@@ -298,6 +362,34 @@ CASES: list[tuple[str, list[str], str]] = [
                                                                 "U+001B"),
     ("data-nested-too-deep", E("--data", "{deep.jsonl}"), "deep.jsonl:1: JSON nested too deeply"),
     ("data-symlink-loop", E("--data", "{loop.jsonl}"), "a symbolic link that leads nowhere"),
+    # classes of bad input (issue 33), several variants each: paths that are not regular files...
+    ("data-named-pipe", E("--data", "{pipe.jsonl}"), "pipe.jsonl: a named pipe, not a regular file"),
+    ("data-named-pipe-csv", S("--data", "{pipe.csv}"), "pipe.csv: a named pipe, not a regular file"),
+    ("data-folder", E("--data", "{folder.jsonl}"), "folder.jsonl: a folder, not a regular file"),
+    ("data-folder-csv", S("--data", "{folder.csv}"), "folder.csv: a folder, not a regular file"),
+    ("data-device", E("--data", "{device.jsonl}"), "device.jsonl: a character device, not a regular file"),
+    ("config-named-pipe", S("--config", "{pipe.yaml}"), "pipe.yaml: a named pipe, not a regular file"),
+    ("config-folder", S("--config", "{folder.yaml}"), "folder.yaml: a folder, not a regular file"),
+    ("split-named-pipe", E("--split", "{pipe.jsonl}"), "pipe.jsonl: a named pipe, not a regular file"),
+    ("capability-folder", S("--capability", "{folder.jsonl}"), "folder.jsonl: a folder, not a regular file"),
+    ("trace-named-pipe-resume", S("--out", "{pipe-trace-run}", "--budget", "6", "--limit", "4"),
+     "trace.jsonl: a named pipe, not a regular file"),
+    ("trace-named-pipe-compare", ["compare", "{pipe-trace-run}", "{search}"],
+     "trace.jsonl: a named pipe, not a regular file"),
+    ("prior-not-a-run", S("--prior", "{data.txt}"), "--prior"),
+    # ...text in an encoding that is not UTF-8 and carries no byte-order mark...
+    ("data-utf16-no-bom", E("--data", "{utf16-no-bom.jsonl}"), "not UTF-8 text (byte 0x"),
+    ("data-latin1", E("--data", "{latin1.jsonl}"), "looks like a legacy 8-bit encoding such as Latin-1"),
+    ("config-cp1252", S("--config", "{cp1252.yaml}"), "cp1252.yaml:1: not UTF-8 text"),
+    ("config-utf16-no-bom", S("--config", "{utf16-no-bom.yaml}"), "UTF-16 or UTF-32 without a byte-order mark"),
+    # ...and items whose answers cannot make a valid question
+    ("answers-repeated", E("--data", "{answers-same.jsonl}"), "field 'ans2': reads the same as ans0"),
+    ("answers-case-and-space", E("--data", "{answers-case.jsonl}"), "field 'ans1': reads the same as ans0"),
+    ("answers-invisible", E("--data", "{answers-invisible.jsonl}"), "field 'ans1': empty as a reader sees it"),
+    ("flex-answers-repeated", E("--data", "{flex-same.csv}"), "flex-same.csv:2: field 'c': reads the same as a"),
+    ("flex-stereotyped-is-unknown", E("--data", "{flex-unknown-target.csv}"),
+     "field 'sent_more': is the 'unknown' option"),
+    ("flex-gold-outside", E("--data", "{flex-gold-outside.csv}"), "field 'label': label out of range: -1"),
     ("trace-missing-chain-compare", ["compare", "{trace-no-chain}", "{search}"],
      "trace.jsonl:2: field 'chain': missing field"),
     ("trace-missing-chain-report", ["report", "{trace-no-chain}", "--out", "{root}/r.html"],
@@ -402,7 +494,7 @@ def _fill(args: list[str], world: dict[str, Path]) -> list[str]:
 def test_bad_input_is_one_line_exit_two_and_changes_nothing(world, args, message):
     existing = [world["search"], world["eval"], world["corrupt-trace"], world["corrupt-score"],
                 world["corrupt-config"], world["old-score"], world["stranger"], world["trace-no-chain"],
-                world["foreign-adapter"], world["trace-other-config"]]
+                world["foreign-adapter"], world["trace-other-config"], world["pipe-trace-run"]]
     before = snapshot(existing)
     result = runner.invoke(app, _fill(args, world))
     lines = [line for line in result.output.splitlines() if line.strip()]

@@ -1,0 +1,58 @@
+"""Differences of rates (flexsearch/differences.py): intervals that hold at small n, and their tests."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from benchmarks.bench_intervals import coverage
+from flexsearch.differences import mover_interval, rate_difference, tango_interval
+
+
+@pytest.mark.parametrize(("b", "c", "n"), [(0, 0, 1), (0, 0, 3), (0, 0, 10), (3, 0, 3), (0, 3, 3), (5, 5, 100),
+                                           (30, 0, 30), (0, 0, 1000)])
+def test_a_paired_interval_is_never_of_zero_width_and_holds_the_estimate(b, c, n):
+    low, high = tango_interval(b, c, n)
+    assert -1 <= low <= (b - c) / n <= high <= 1 and high - low > 0.001
+
+
+def test_three_of_three_against_none_is_not_a_certain_gap():
+    flags, none, every = np.ones(3, bool), np.zeros(3, bool), np.ones(3, bool)
+    gap = rate_difference(flags, every, none, every)
+    assert gap["value"] == 1.0 and gap["ci"][0] < 0 and gap["p"] == 0.25 and gap["method"] == "tango-paired"
+
+
+def test_no_successes_either_way_on_ten_items_is_wide():
+    none, every = np.zeros(10, bool), np.ones(10, bool)
+    gap = rate_difference(none, every, none, every)
+    assert gap["ci"] == pytest.approx([-0.2775, 0.2775], abs=1e-3) and gap["p"] == 1.0
+
+
+def test_disjoint_eligible_sets_use_the_unpaired_interval_and_fishers_test():
+    success_a = np.array([1, 1, 1, 0, 0, 0], bool)
+    eligible_a = np.array([1, 1, 1, 0, 0, 0], bool)
+    eligible_b = ~eligible_a
+    gap = rate_difference(success_a, eligible_a, np.zeros(6, bool), eligible_b)
+    assert gap["method"] == "newcombe-mover" and gap["p"] == 0.1  # Fisher's exact, 3/3 against 0/3
+    assert gap["ci"] == pytest.approx(list(mover_interval(3, 3, 0, 3, 0.0)), abs=1e-6)
+
+
+def test_positive_correlation_narrows_the_mover_interval():
+    independent = mover_interval(12, 30, 6, 30, 0.0)
+    correlated = mover_interval(12, 30, 6, 30, 0.6)
+    assert correlated[1] - correlated[0] < independent[1] - independent[0]
+
+
+def test_mcnemar_p_value_counts_only_the_discordant_items():
+    a = np.array([1] * 8 + [0] * 2 + [1] * 20, bool)  # 8 only-a, 2 only-b, 20 both
+    b = np.array([0] * 8 + [1] * 2 + [1] * 20, bool)
+    every = np.ones(30, bool)
+    assert rate_difference(a, every, b, every)["p"] == pytest.approx(0.1094, abs=1e-3)  # binomial 8 of 10
+
+
+@pytest.mark.parametrize(("n", "p1", "p2", "rho"), [(10, 0.5, 0.2, 0.0), (10, 0.3, 0.3, 0.5), (30, 0.1, 0.3, 0.0),
+                                                    (30, 0.6, 0.4, 0.5)])
+def test_coverage_is_at_least_the_target_from_ten_items(n, p1, p2, rho):
+    """Seeded simulation (the full table: benchmarks/bench_intervals.py): at least 0.93 for a nominal 0.95."""
+    _, new, _, _ = coverage(n, p1, p2, rho, runs=400, seed=n, samples=50)
+    assert new >= 0.93
