@@ -259,9 +259,10 @@ def main() -> None:
     parser.add_argument("--budget", type=int, default=100)
     parser.add_argument("--report", action="store_true", help="write the RESULTS section from the saved runs")
     parser.add_argument("--budgets", type=int, nargs="+", default=[10, 25, 50, 100])
+    parser.add_argument("--saved", type=Path, default=SAVED, help="where each search's outcomes are saved")
     args = parser.parse_args()
     items = held_out_ambiguous(args.model, args.bbq, args.items, args.seed)
-    folder = SAVED / f"{args.model}-{len(items)}-seed{args.seed}"
+    folder = args.saved / f"{args.model}-{len(items)}-seed{args.seed}"
     if args.search:
         target = load_target(args.model, dtype=args.dtype)
         scorer = Scorer.from_config(target, load_config("default").scoring)

@@ -28,8 +28,7 @@ from flexsearch.runio import LEARNER, read_json
 
 COMPOSE = "compose"  # the ancestor of every composition arm ("compose:persona/role_play/1+instruction/...")
 SHRINK = 2.0  # pseudo-observations pulling an arm's mean toward its parent's (template → family → operator)
-GAIN_CLIP = 4.0  # one observation moves a mean by at most this much (log-odds units of the objective)
-PRIOR_SD, PRIOR_SD_WEIGHT = 1.0, 4.0  # the gain spread assumed before observations, worth this many of them
+PRIOR_SD, PRIOR_SD_WEIGHT = 0.5, 4.0  # the gain spread assumed before observations, worth this many of them
 LEARNER_SCHEMA = 1
 
 
@@ -39,8 +38,8 @@ class Observation:
 
     arm: str  # the arms of the edits that made it from its nearest scored ancestor, '+'-joined
     composition: str  # the slot templates in place, sorted and '+'-joined ('' when none)
-    gain: float  # objective value minus the nearest scored ancestor's
-    lift: float  # objective value minus the clean prompt's
+    gain: float  # the aim's lead (objectives.lead) minus the nearest scored ancestor's: within [-2, 2]
+    lift: float  # the aim's lead minus the clean prompt's
     success: bool  # met the objective with the margin
     valid: bool  # natural text without a forced-choice template: a label-valid prompt
 
@@ -117,14 +116,14 @@ class Learner:
         gain, so a candidate's expected gain is the sum over its edits; a composition of two or more templates
         learns its lift over the clean prompt (the weak-spots ranking and the transfer check read it)."""
         added = composition_parts(observation.arm)
-        gain = float(np.clip(observation.gain, -GAIN_CLIP, GAIN_CLIP)) / max(len(added), 1)
+        gain = observation.gain / max(len(added), 1)
         for part in added:
             arm: str | None = part
             while arm is not None:
                 self.arms.setdefault(arm, ArmStats()).add(gain, observation.success)
                 arm = parent_arm(arm)
         if len(composition_parts(observation.composition)) >= 2 and observation.valid:
-            lift = float(np.clip(observation.lift, -GAIN_CLIP, GAIN_CLIP))
+            lift = observation.lift
             for key in (f"{COMPOSE}:{observation.composition}", COMPOSE):
                 self.arms.setdefault(key, ArmStats()).add(lift, observation.success)
 

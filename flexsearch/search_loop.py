@@ -36,7 +36,7 @@ from flexsearch.learner import (
     observations_of,
     replaced_arms,
 )
-from flexsearch.objectives import Objective, attack_eligible, get_objective
+from flexsearch.objectives import Objective, attack_eligible, get_objective, lead
 from flexsearch.scoring import Scorer
 
 T = TypeVar("T")
@@ -131,7 +131,7 @@ class ItemState:
             return
         for k, (candidate, p) in enumerate(zip(request.candidates, probs, strict=True)):
             value = self.objective.value(p, self.item)
-            self.observe(candidate, value, p)
+            self.observe(candidate, lead(self.objective, p, self.item), p)
             dated = spent_before + (k + 1) * self.cost_per_candidate
             if value > self.best_value:
                 self.best, self.best_value, self.best_probs = candidate, value, p
@@ -141,7 +141,8 @@ class ItemState:
 
     def observe(self, candidate: Candidate, value: float, probs: np.ndarray) -> None:
         """Notes a scored candidate for the learner: the arm that made it from its nearest scored ancestor, its
-        gain over that ancestor and over the clean prompt; the item's own copy of the learner learns it at once."""
+        gain in `value` (the aim's lead, objectives.lead: what success with the margin reads) over that ancestor
+        and over the clean prompt; the item's own copy of the learner learns it at once."""
         ancestor = candidate.parent
         while ancestor is not None and prompt_key(ancestor) not in self.scored:
             ancestor = ancestor.parent

@@ -105,6 +105,15 @@ class Untargeted:
         return float(max(probs[k] for k in range(3) if k != item.gold) - probs[item.gold]) > self.margin
 
 
+def lead(objective: Objective, probs: np.ndarray, item: Item) -> float:
+    """How far the objective's answer is ahead, in probability (success is a lead above the margin): P(aim) − the
+    largest other answer's for a targeted objective, the largest wrong answer's − P(gold) for the untargeted one."""
+    aim = objective.target_answer(item)
+    if aim is None:
+        return float(max(probs[k] for k in range(3) if k != item.gold) - probs[item.gold])
+    return float(aim_lead(np.asarray(probs)[None], np.array([aim]))[0])
+
+
 def aim_lead(probs: np.ndarray, aim: np.ndarray) -> np.ndarray:
     """Per row of (n, 3) probabilities: P(aim) − the largest other answer's probability (a targeted
     objective's success is a lead above the margin; `compare` resamples it vectorised)."""
