@@ -95,7 +95,8 @@ def test_json_flag_prints_the_score_as_json(tiny_model_dir, tmp_path):
 def test_list_presets_prints_every_preset_resolved():
     result = CliRunner().invoke(app, ["list", "--presets"])
     assert result.exit_code == 0, result.output
-    names = ("default", "flex", "textbugger", "bert_attack", "templates_only", "gradient", "research", "forced_choice")
+    names = ("default", "beam", "flex", "textbugger", "bert_attack", "templates_only", "gradient", "research",
+             "forced_choice")
     for name in names:
         assert f"# {name}\n" in result.output
     assert result.output.count("budget:") == len(names) and "scoring:" in result.output
