@@ -32,10 +32,12 @@ def check_regular_file(path: Path) -> None:
     """Refuses a path that is missing or is not a regular file, without opening it."""
     try:
         mode = os.stat(path).st_mode
-    except FileNotFoundError:
-        raise InputError(path, None, None, "a symbolic link that leads nowhere (a loop or a missing target)"
-                         if path.is_symlink() else "file not found") from None
     except OSError as err:
+        if path.is_symlink():
+            raise InputError(path, None, None,
+                             "a symbolic link that leads nowhere (a loop or a missing target)") from None
+        if isinstance(err, FileNotFoundError):
+            raise InputError(path, None, None, "file not found") from None
         raise InputError(path, None, None, f"cannot read file ({err.strerror or err})") from None
     if not stat.S_ISREG(mode):
         raise InputError(path, None, None, f"{file_kind(mode)}, not a regular file")

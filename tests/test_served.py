@@ -362,7 +362,7 @@ def test_bad_served_input_is_one_line_before_anything_is_written(cache, tmp_path
         ([*model, "--base-url", "http://127.0.0.1:8000/api"], "/v1 root"),
         ([*model, "--base-url", f"http://127.0.0.1:{free_port()}/v1"], "cannot reach"),
         ([*model], "needs --base-url"),
-        ([*model, "--base-url", "http://h:1/v1", "--set", "proposals=gradient"], "white-box only"),
+        ([*model, "--base-url", "http://h:1/v1", "--config", "beam", "--set", "proposals=gradient"], "white-box only"),
         ([*model, "--base-url", "http://h:1/v1", "--set", "scoring.prefix_reuse=true"], "white-box only"),
         ([*model, "--base-url", "http://h:1/v1", "--config", "gradient"], "white-box only"),
         ([*model, "--base-url", "http://h:1/v1", "--config", "bert_attack"], "use --set importance=leave_one_out"),
