@@ -94,7 +94,7 @@ def search_on_ray(
         todo = [it for it in round_items if it.id not in finished]
         queue = deque(todo[i : i + config.item_batch] for i in range(0, len(todo), config.item_batch))
         state = learner.to_dict()
-        in_flight: dict[Any, tuple[Any, Sequence[Item]]] = {}
+        in_flight: dict[Any, tuple[Any, list[Item]]] = {}
         while queue or in_flight:
             while queue and idle:
                 actor, chunk = idle.pop(), queue.popleft()

@@ -267,13 +267,14 @@ def weak_spots(records: Sequence[Mapping[str, Any]], eligible: Sequence[bool], c
     """Templates and compositions ranked by the attack-eligible items they broke: n items on which a label-valid
     candidate carrying it was scored, k of them where one such candidate met the objective. Overall and per
     category, each rate with its Wilson interval."""
-    def table(rows: list[tuple[str, set[str]]], wanted: int) -> list[dict[str, Any]]:
+    def table(rows: list[tuple[str, tuple[set[str], set[str]]]], wanted: int) -> list[dict[str, Any]]:
         tried: dict[str, list[bool]] = {}
         for _, (touched, won) in rows:
             for key in touched:
                 tried.setdefault(key, []).append(key in won)
-        ranked = [{"key": key, "kind": "composition" if "+" in key else "template", "broke": proportion(flags)}
-                  for key, flags in tried.items()]
+        ranked: list[dict[str, Any]] = [
+            {"key": key, "kind": "composition" if "+" in key else "template", "broke": proportion(flags)}
+            for key, flags in tried.items()]
         ranked.sort(key=lambda r: (-r["broke"]["k"], -(r["broke"]["ci"][0] or 0.0), r["key"]))
         return ranked[:wanted]
 

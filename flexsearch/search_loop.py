@@ -416,7 +416,7 @@ def learned_proposals(ctx: SearchContext, state: ItemState, parent: Candidate) -
             singles = operator.enumerate(parent)  # type: ignore[attr-defined]
             pool += singles
             for other in libraries[libraries.index(operator) + 1:]:
-                pool += [pair for single in singles for pair in other.enumerate(single)]  # type: ignore[attr-defined]
+                pool += [pair for single in singles for pair in other.enumerate(single)]
         else:
             pool += propose_all(ctx, state, parent, [operator])
     return pool
@@ -491,7 +491,7 @@ def proposable_arms(config: SearchConfig) -> set[str]:
     arms: set[str] = set()
     for spec in config.operators:
         if hasattr(OPERATORS.get(spec["name"]), "arms"):
-            arms |= set(build(OPERATORS, spec, AttackResources()).arms())
+            arms |= set(build(OPERATORS, spec, AttackResources()).arms())  # type: ignore[attr-defined]
         else:
             arms.add(spec["name"])
     return arms
