@@ -54,6 +54,11 @@ bench: setup
 	$(BIN)/python -m benchmarks.bench_served
 	$(BIN)/python -m benchmarks.bench_margin --bbq $(BBQ)
 	$(BIN)/python -m benchmarks.bench_attack --bbq $(BBQ)
+	for run in "learned --budget 100" "learned --budget 25" "learned --budget 10" "random --budget 100" \
+		"learned --objective anti_stereotype --budget 100"; do \
+		$(BIN)/python -m benchmarks.bench_learner --bbq $(BBQ) --items 60 --search $$run || exit 1; done
+	$(BIN)/python -m benchmarks.bench_learner --bbq $(BBQ) --items 60 --report
+	$(BIN)/python -m benchmarks.bench_intervals
 	$(BIN)/python -m benchmarks.bench_gradient --bbq $(BBQ)
 
 # The calibration zoo against its planted verdicts (appends to benchmarks/RESULTS.md; exits 1 on a mismatch).

@@ -113,3 +113,15 @@ def test_fixed_attacks_are_one_template_or_one_character_swap(seed_items: list[I
     changed = [i for i, (a, b) in enumerate(zip(root.words("context"), swap.words("context"), strict=True)) if a != b]
     assert len(changed) == 1 and sorted(root.words("context")[changed[0]]) == sorted(swap.words("context")[changed[0]])
     assert swap.words("question") == root.words("question")
+
+
+def test_the_learner_benchmark_reads_first_successes_at_each_budget() -> None:
+    from benchmarks.bench_learner import area, paired, successes_at
+
+    run = {"records": [{"first_success_query": q} for q in (3, 9, 30, None)]}
+    assert successes_at(run, 9).tolist() == [True, True, False, False]
+    assert successes_at(run, 6, offset=3).tolist() == [True, True, False, False]  # the clean prompt not counted
+    assert area(run, np.ones(4, dtype=bool), 30) == pytest.approx(np.mean(
+        [successes_at(run, b).mean() for b in range(1, 31)]))
+    a, b = np.array([True] * 8 + [False] * 2), np.array([False] * 8 + [True] * 2)
+    assert "+0.600" in paired(a, b) and "(8 vs 2)" in paired(a, b)
