@@ -18,11 +18,12 @@ from typing import Any
 import numpy as np
 from scipy.stats import binomtest, fisher_exact
 
-Z_95 = 1.959964
+Z_95 = 1.959964  # two-sided 95% normal quantile
 
 
-def _wilson(k: int, n: int, z: float = Z_95) -> tuple[float, float]:
-    p = k / n
+def wilson_interval(successes: int, n: int, z: float = Z_95) -> tuple[float, float]:
+    """Wilson score interval for a binomial proportion (n > 0)."""
+    p = successes / n
     denominator = 1 + z * z / n
     centre = (p + z * z / (2 * n)) / denominator
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denominator
@@ -65,8 +66,8 @@ def mover_interval(k1: int, n1: int, k2: int, n2: int, correlation: float, z: fl
     """Newcombe's hybrid score interval for p1 − p2 (the MOVER combination of the two Wilson intervals) with the
     correlation of the two estimates (0 for independent samples)."""
     p1, p2 = k1 / n1, k2 / n2
-    l1, u1 = _wilson(k1, n1, z)
-    l2, u2 = _wilson(k2, n2, z)
+    l1, u1 = wilson_interval(k1, n1, z)
+    l2, u2 = wilson_interval(k2, n2, z)
     d = p1 - p2
     low = d - math.sqrt(max((p1 - l1) ** 2 - 2 * correlation * (p1 - l1) * (u2 - p2) + (u2 - p2) ** 2, 0.0))
     high = d + math.sqrt(max((u1 - p1) ** 2 - 2 * correlation * (u1 - p1) * (p2 - l2) + (p2 - l2) ** 2, 0.0))

@@ -13,23 +13,13 @@ from typing import Any
 
 import numpy as np
 
-from flexsearch.differences import rate_difference
+from flexsearch.differences import rate_difference, wilson_interval
 from flexsearch.items import Item
 from flexsearch.objectives import attack_eligible, get_objective
 from flexsearch.render import LETTERS
 from flexsearch.verdict import verdict
 
 BOOTSTRAP_SAMPLES = 1000
-Z_95 = 1.959964  # two-sided 95% normal quantile
-
-
-def wilson_interval(successes: int, n: int, z: float = Z_95) -> tuple[float, float]:
-    """Wilson score interval for a binomial proportion (n > 0)."""
-    p = successes / n
-    denominator = 1 + z * z / n
-    centre = (p + z * z / (2 * n)) / denominator
-    half = z * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denominator
-    return max(0.0, centre - half), min(1.0, centre + half)
 
 
 def proportion(flags: Sequence[bool] | np.ndarray) -> dict[str, Any]:
