@@ -22,7 +22,7 @@ from tqdm.auto import tqdm
 from flexsearch.config import SearchConfig, load_config
 from flexsearch.errors import FlexsearchError
 from flexsearch.items import Item
-from flexsearch.learner import Learner, observations_of
+from flexsearch.learner import Learner
 from flexsearch.objectives import attack_eligible, get_objective
 
 
@@ -122,8 +122,7 @@ def search_on_ray(
                 progress.set_postfix({f"ASR({objective})": f"{sum(wins) / len(wins):.2f}" if wins else "-",
                                       "q_per_s": f"{rate:.1f}", "workers": len(idle) + len(in_flight),
                                       "retries": retries})
-        for item in round_items:
-            learner.observe_item(observations_of(finished[item.id]))
+        learner.observe_records(finished[it.id] for it in round_items)
     for actor in actors:
         ray.kill(actor)
     return retries

@@ -132,6 +132,11 @@ class Learner:
             self.observe(observation)
         self.items += 1
 
+    def observe_records(self, records: Iterable[Mapping[str, Any]]) -> None:
+        """Learns from item trace records, in the order given (a round's items in item order)."""
+        for record in records:
+            self.observe_item(observations_of(record))
+
     def spread(self) -> float:
         """The pooled standard deviation of observed gains (operators' level), shrunk toward PRIOR_SD."""
         tops = [s for key, s in self.arms.items() if parent_arm(key) is None]
@@ -172,7 +177,7 @@ class Learner:
 
     def summary(self, top: int = 10) -> list[dict[str, Any]]:
         """The arms of highest mean gain that were tried, for learner.json readers."""
-        tried = [k for k, s in self.arms.items() if s.tries and "/" in k or k.startswith(f"{COMPOSE}:")]
+        tried = [k for k, s in self.arms.items() if s.tries and ("/" in k or k.startswith(f"{COMPOSE}:"))]
         ranked = sorted(tried, key=lambda k: (-self.mean(k), k))[:top]
         return [{"arm": k, "mean_gain": round(self.mean(k), 4), "tries": self.arms[k].tries,
                  "wins": self.arms[k].wins} for k in ranked]
@@ -198,8 +203,7 @@ def observations_of(record: Mapping[str, Any]) -> list[Observation]:
 def rebuilt(prior: Learner | None, records: Iterable[Mapping[str, Any]]) -> Learner:
     """The learner after these item records, in the order given, on top of a prior."""
     learner = prior.copy() if prior is not None else Learner()
-    for record in records:
-        learner.observe_item(observations_of(record))
+    learner.observe_records(records)
     return learner
 
 

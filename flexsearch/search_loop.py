@@ -33,7 +33,6 @@ from flexsearch.learner import (
     RoundDraws,
     added_arms,
     composition_of,
-    observations_of,
     replaced_arms,
 )
 from flexsearch.objectives import Objective, attack_eligible, get_objective, lead
@@ -96,7 +95,7 @@ class ItemState:
     seen: set[tuple[Any, ...]] = field(default_factory=set)
     improvements: list[tuple[int, np.ndarray]] = field(default_factory=list)
     learner: Learner = field(default_factory=Learner)  # the run's learner as of this item's round, plus this item
-    scored: dict[tuple[Any, ...], float] = field(default_factory=dict)  # objective value of each scored prompt
+    scored: dict[tuple[Any, ...], float] = field(default_factory=dict)  # the aim's lead of each scored prompt
     observations: list[Observation] = field(default_factory=list)
 
     @property
@@ -130,31 +129,30 @@ class ItemState:
         if request.probe:
             return
         for k, (candidate, p) in enumerate(zip(request.candidates, probs, strict=True)):
-            value = self.objective.value(p, self.item)
-            self.observe(candidate, lead(self.objective, p, self.item), p)
+            value, success = self.objective.value(p, self.item), bool(self.objective.success(p, self.item))
+            self.observe(candidate, lead(self.objective, p, self.item), success)
             dated = spent_before + (k + 1) * self.cost_per_candidate
             if value > self.best_value:
                 self.best, self.best_value, self.best_probs = candidate, value, p
                 self.improvements.append((dated, p))
-            if self.first_success_query is None and self.objective.success(p, self.item):
+            if self.first_success_query is None and success:
                 self.first_success_query = dated
 
-    def observe(self, candidate: Candidate, value: float, probs: np.ndarray) -> None:
+    def observe(self, candidate: Candidate, aim_lead: float, success: bool) -> None:
         """Notes a scored candidate for the learner: the arm that made it from its nearest scored ancestor, its
-        gain in `value` (the aim's lead, objectives.lead: what success with the margin reads) over that ancestor
-        and over the clean prompt; the item's own copy of the learner learns it at once."""
+        gain in the aim's lead (objectives.lead: what success with the margin reads) over that ancestor and over
+        the clean prompt; the item's own copy of the learner learns it at once."""
         ancestor = candidate.parent
         while ancestor is not None and prompt_key(ancestor) not in self.scored:
             ancestor = ancestor.parent
         if ancestor is not None and candidate.edits:
             clean = self.scored[prompt_key(Candidate.root(self.item))]
             observation = Observation("+".join(added_arms(candidate, ancestor)), composition_of(candidate),
-                                      float(value - self.scored[prompt_key(ancestor)]), float(value - clean),
-                                      bool(self.objective.success(probs, self.item)),
+                                      aim_lead - self.scored[prompt_key(ancestor)], aim_lead - clean, success,
                                       candidate.natural and not candidate.forced_choice)
             self.observations.append(observation)
             self.learner.observe(observation)
-        self.scored[prompt_key(candidate)] = value
+        self.scored[prompt_key(candidate)] = aim_lead
 
     def outcome(self, objective_name: str) -> ItemOutcome:
         assert self.best is not None and self.best_probs is not None and self.clean_probs is not None
@@ -437,24 +435,24 @@ def composed(ctx: SearchContext, root: Candidate, composition: str) -> Candidate
 
 def learned_search(ctx: SearchContext, state: ItemState) -> SearchMethod:
     """The default. Each round ranks every proposal on the current best prompt (each template of the library, each
-    persona-instruction pair, sampled word edits) by the value it is expected to reach: the best prompt's own value
-    plus a Thompson draw of the gain of each arm it adds, minus that of each template it replaces, drawn from the
-    run-level learner (DESIGN.md "The learner"); it scores the `population` best. Compositions grow around the best;
+    persona-instruction pair, sampled word edits) by the gain in the aim's lead it is expected to bring: a Thompson
+    draw of the gain of each arm it adds, minus that of each template it replaces, drawn from the run-level learner
+    (DESIGN.md "The learner"); it scores the `population` best. Compositions grow around the best;
     word edits, which no library lists, come in when their arm has paid on this model or the templates run out."""
     root = Candidate.root(state.item)
     yield Request([root])
     for _ in range(ctx.config.steps):
         if state.succeeded and ctx.config.stop_on_success:
             return
-        parent, parent_value = state.best or root, state.best_value
+        parent = state.best or root
         drawn = RoundDraws(state.learner, state.rng)
         ranked: list[tuple[float, int, Candidate]] = []
         for order, candidate in enumerate(learned_proposals(ctx, state, parent)):
             if prompt_key(candidate) in state.seen:
                 continue
-            expected = (parent_value + sum(drawn(a) for a in added_arms(candidate, parent))
-                        - sum(drawn(a) for a in replaced_arms(candidate, parent)))
-            ranked.append((expected, order, candidate))
+            expected_gain = (sum(drawn(a) for a in added_arms(candidate, parent))
+                             - sum(drawn(a) for a in replaced_arms(candidate, parent)))
+            ranked.append((expected_gain, order, candidate))
         ranked.sort(key=lambda t: (-t[0], t[1]))
         chosen: list[Candidate] = []
         wanted = ctx.config.population
@@ -559,9 +557,9 @@ def run_search(
     learner = learner if learner is not None else Learner()
     outcomes: list[ItemOutcome] = []
     started, start_queries = time.perf_counter(), scorer.queries
+    records = dict(finished)  # every item's record as the learner reads it: finished ones, then searched ones
     for round_items in rounds(items, config.learner_round):
         todo = [it for it in round_items if it.id not in finished]
-        records = dict(finished)
         for start in range(0, len(todo), config.item_batch):
             batch = search_batch(todo[start : start + config.item_batch], ctx, objective_name, learner)
             outcomes += batch
@@ -573,6 +571,5 @@ def run_search(
                 progress.update(len(batch))
                 progress.set_postfix({f"ASR({objective_name})": f"{np.mean(wins):.2f}" if wins else "-",
                                       "q_per_s": f"{rate:.1f}", **scorer.backend.progress()})
-        for item in round_items:
-            learner.observe_item(observations_of(records[item.id]))
+        learner.observe_records(records[it.id] for it in round_items)
     return outcomes
