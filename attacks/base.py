@@ -17,17 +17,19 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 
 import numpy as np
 
-from flexsearch.attacks.gradient import PromptGradient, prompt_gradient
 from flexsearch.candidate import Candidate
 from flexsearch.errors import FlexsearchError
-from flexsearch.model import TargetModel
 from flexsearch.objectives import Objective
 from flexsearch.registry import Registry
 from flexsearch.render import PromptFormat, render
+
+if TYPE_CHECKING:  # torch comes with these; white-box work imports them where it happens
+    from flexsearch.attacks.gradient import PromptGradient
+    from flexsearch.model import TargetModel
 
 Position = tuple[str, int]  # (field, word index)
 GRADIENT_CACHE = 256  # prompts whose gradient is kept (a beam re-expands its parents)
@@ -66,6 +68,8 @@ class AttackResources:
             self._gradients.move_to_end(prompt)
             return self._gradients[prompt]
         self.gradient_passes += 1
+        from flexsearch.attacks.gradient import prompt_gradient
+
         result = self._gradients[prompt] = prompt_gradient(target, self.fmt, self.objective, candidate)
         if len(self._gradients) > GRADIENT_CACHE:
             self._gradients.popitem(last=False)

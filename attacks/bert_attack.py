@@ -8,7 +8,6 @@ from functools import lru_cache
 from typing import Any
 
 import numpy as np
-import torch
 
 from flexsearch.attacks.base import OPERATORS, AttackResources
 from flexsearch.attacks.textbugger import match_case, split_word
@@ -65,10 +64,11 @@ class BertAttack(WordOperator):
     def _piece_text(self, token_id: int) -> str:
         return self.tokenizer.convert_ids_to_tokens(token_id)
 
-    @torch.inference_mode()
     def substitutes(self, words: Sequence[str], index: int) -> list[str]:
         """Top substitutes for words[index]: it is masked with one mask per sub-word piece, each piece's
         top-k are combined and ranked by their summed log-probability (BERT-Attack's sub-word rule)."""
+        import torch
+
         lead, word, trail = split_word(words[index])
         pieces = self.tokenizer.tokenize(word)
         if not word.isalpha() or not pieces or len(pieces) > self.max_pieces:
@@ -79,7 +79,8 @@ class BertAttack(WordOperator):
         slots = (encoded["input_ids"][0] == self.tokenizer.mask_token_id).nonzero().flatten()
         if len(slots) != len(pieces):  # the mask fell outside the model's window
             return []
-        log_probs = torch.log_softmax(self.model(**encoded).logits[0, slots], dim=-1)
+        with torch.inference_mode():
+            log_probs = torch.log_softmax(self.model(**encoded).logits[0, slots], dim=-1)
         top = torch.topk(log_probs, self.k, dim=-1)
         ranked = []
         for combo in itertools.product(range(self.k), repeat=len(pieces)):

@@ -15,14 +15,18 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from flexsearch.candidate import Candidate
-from flexsearch.model import TargetModel
 from flexsearch.objectives import Objective
 from flexsearch.render import PromptFormat, common_prefix_length, letter_token_ids, render, word_spans
+
+if TYPE_CHECKING:  # torch is imported where it runs: commands that load no model must not pay for it
+    import torch
+
+    from flexsearch.model import TargetModel
 
 GRADIENT_PASS_QUERIES = 3
 Order = tuple[int, int, int]
@@ -48,12 +52,16 @@ class PromptGradient:
 
 def input_embeddings(target: TargetModel, ids: Sequence[int]) -> torch.Tensor:
     """Input embeddings of token ids, including any scaling the embedding layer applies (Gemma's)."""
+    import torch
+
     with torch.no_grad():
         return target.model.get_input_embeddings()(torch.tensor([list(ids)], device=target.device))[0].float()
 
 
 def objective_goal(objective: Objective, candidate: Candidate, answer_probs: torch.Tensor) -> torch.Tensor:
     """The objective's value (objectives/__init__.py) on P(answer), differentiably."""
+    import torch
+
     aim = objective.target_answer(candidate.item)
     if aim is None:
         return -torch.log(answer_probs[candidate.item.gold])
@@ -66,6 +74,8 @@ def prompt_gradient(target: TargetModel, fmt: PromptFormat, objective: Objective
     """One forward+backward over the candidate's prompt in each option order (default: the displayed one;
     the first order given must be the displayed one), toward the objective on the order-averaged answer
     distribution."""
+    import torch
+
     tokenizer, model = target.tokenizer, target.model
     orders = list(orders or [candidate.option_order])
     assert orders[0] == candidate.option_order, "the first order is the displayed one"
@@ -126,6 +136,8 @@ def substitution_gains(gradient: PromptGradient, target: TargetModel,
 def token_swap_scores(gradient: PromptGradient, target: TargetModel, tokens: Sequence[int]) -> torch.Tensor:
     """(len(tokens), vocabulary): the linearised gain of putting each vocabulary token at each of the
     given positions (GCG's one-hot gradient), up to a per-position constant."""
+    import torch
+
     layer = target.model.get_input_embeddings()
     scale = float(getattr(layer, "embed_scale", 1.0))
     with torch.no_grad():
@@ -134,6 +146,8 @@ def token_swap_scores(gradient: PromptGradient, target: TargetModel, tokens: Seq
 
 def embedding_matrix(target: TargetModel) -> torch.Tensor:
     """The input embedding table (vocabulary rows; before any scaling the layer applies)."""
+    import torch
+
     weight = target.model.get_input_embeddings().weight
     assert isinstance(weight, torch.Tensor)
     return weight

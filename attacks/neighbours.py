@@ -8,16 +8,16 @@ import shutil
 import warnings
 from functools import lru_cache
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-import nltk
 import numpy as np
-import torch
-from nltk.corpus.reader.wordnet import WordNetCorpusReader
 
 from flexsearch.errors import FlexsearchError
-from flexsearch.model import TargetModel, cache_root
+from flexsearch.model import cache_root
 from flexsearch.runio import atomic_write_text
+
+if TYPE_CHECKING:
+    from flexsearch.model import TargetModel
 
 # WordNet 3.0's lexicographer files, in number order. Debian's wordnet-base omits the `lexnames`
 # index that nltk's reader needs, so it is rebuilt from this list.
@@ -31,11 +31,6 @@ _LEXNAMES = (
 ).split()
 _POS_NUMBER = {"noun": 1, "verb": 2, "adj": 3, "adv": 4}
 WORDNET_DIRS = [os.environ.get("FLEXSEARCH_WORDNET", ""), "/usr/share/wordnet"]
-
-
-class _LocalWordNet(WordNetCorpusReader):
-    def map_wn(self, version: str = "wordnet") -> None:
-        return None  # this copy is the reference WordNet; nltk would otherwise look for a downloaded one
 
 
 class NeighbourSource(Protocol):
@@ -71,11 +66,18 @@ class WordNetNeighbours:
         root = root or wordnet_root()
         if root is None:
             raise FlexsearchError("WordNet not found: apt-get install wordnet-base, or set FLEXSEARCH_WORDNET")
+        import nltk  # imported here: a second of import time that only WordNet users pay
+        from nltk.corpus.reader.wordnet import WordNetCorpusReader
+
+        class LocalWordNet(WordNetCorpusReader):
+            def map_wn(self, version: str = "wordnet") -> None:
+                return None  # this copy is the reference WordNet; nltk would otherwise look for a downloaded one
+
         if str(root) not in nltk.data.path:
             nltk.data.path.append(str(root))  # nltk only reads corpora under its allowed roots
         with warnings.catch_warnings():  # no multilingual data is expected here
             warnings.simplefilter("ignore")
-            self.reader = _LocalWordNet(str(root), None)
+            self.reader: Any = LocalWordNet(str(root), None)
 
     @classmethod
     @lru_cache(maxsize=1)
@@ -127,6 +129,8 @@ class EmbeddingNeighbours:
     @classmethod
     def from_target(cls, target: TargetModel) -> EmbeddingNeighbours:
         tokenizer = target.tokenizer
+        import torch
+
         weight = target.model.get_input_embeddings().weight
         assert isinstance(weight, torch.Tensor)
         matrix = weight.detach().float().cpu().numpy()

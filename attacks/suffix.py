@@ -11,16 +11,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
-import torch
-from transformers import PreTrainedTokenizerBase
 
 from flexsearch.attacks.base import OPERATORS, AttackResources, Position, refuse_settings
-from flexsearch.attacks.gradient import token_swap_scores
 from flexsearch.candidate import Candidate
 from flexsearch.errors import FlexsearchError
+
+if TYPE_CHECKING:  # torch is imported where the suffix is optimised, not when the operator registers
+    import torch
+    from transformers import PreTrainedTokenizerBase
 
 _PRINTABLE: dict[tuple[str, int, int], torch.Tensor] = {}
 
@@ -29,6 +30,8 @@ def printable_tokens(tokenizer: PreTrainedTokenizerBase, vocabulary: int) -> tor
     """A mask over the embedding rows: tokens that decode to printable one-line ASCII and are not
     special (GCG's usual restriction; it keeps the slot text writable into a CSV cell and a prompt).
     Computed once per tokenizer (decoding a 262k vocabulary takes seconds)."""
+    import torch
+
     key = (tokenizer.name_or_path, len(tokenizer), vocabulary)
     if key not in _PRINTABLE:
         special = set(tokenizer.all_special_ids)
@@ -65,6 +68,10 @@ class AdversarialSuffix:
 
     def propose(self, candidate: Candidate, rng: np.random.Generator,
                 positions: Sequence[Position] | None = None) -> list[Candidate]:
+        import torch
+
+        from flexsearch.attacks.gradient import token_swap_scores
+
         target = self.resources.target
         assert target is not None
         current = candidate.suffix or self.initial

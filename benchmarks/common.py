@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime
 import os
 import platform
+import re
 import shlex
 import sys
 import time
@@ -16,6 +17,7 @@ import torch
 
 from flexsearch.candidate import Candidate
 from flexsearch.items import Item, load_items
+from flexsearch.runio import atomic_write_text
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "RESULTS.md"
@@ -77,10 +79,38 @@ def markdown_table(headers: list[str], rows: list[list[Any]]) -> str:
 
 
 def record(title: str, body: str) -> None:
-    """Prints the section and appends it to RESULTS.md with date, machine and the exact command."""
+    """Prints the section and writes it into RESULTS.md with date, machine and the exact command: in place of
+    the section of the same title (git keeps the old figures), or at the end when the title is new."""
     command = " ".join(shlex.quote(a) for a in ["python", *sys.orig_argv[1:]])
-    section = (f"\n## {title}\n\n{datetime.datetime.now():%Y-%m-%d %H:%M} · {machine()}\n\n"
+    section = (f"## {title}\n\n{datetime.datetime.now():%Y-%m-%d %H:%M} · {machine()}\n\n"
                f"Command: `{command}`\n\n{body}\n")
     print(section)
-    with RESULTS.open("a", encoding="utf-8") as handle:
-        handle.write(section)
+    atomic_write_text(RESULTS, with_section(RESULTS.read_text(encoding="utf-8"), title, section))
+
+
+CONTENTS = ("<!-- contents: rebuilt by benchmarks.common.record -->", "<!-- /contents -->")
+
+
+def with_section(document: str, title: str, section: str) -> str:
+    """The document with `section` in place of the one headed `## title` (appended when there is none), and its
+    contents list (between the CONTENTS markers) rebuilt from the section headings."""
+    head, *sections = re.split(r"(?m)^(?=## )", document)
+    titles = [s.splitlines()[0][3:].strip() for s in sections]
+    text = section.strip() + "\n\n"
+    if title in titles:
+        sections[titles.index(title)] = text
+    else:
+        sections.append(text)
+        titles.append(title)
+    if sections and not sections[-1].endswith("\n\n"):
+        sections[-1] = sections[-1].rstrip() + "\n\n"
+    start, end = CONTENTS
+    if start in head and end in head:
+        listing = "\n".join(f"- [{t}](#{anchor(t)})" for t in titles)
+        head = head[: head.index(start) + len(start)] + "\n" + listing + "\n" + head[head.index(end):]
+    return (head + "".join(sections)).rstrip() + "\n"
+
+
+def anchor(title: str) -> str:
+    """GitHub's link target for a heading: lower case, punctuation dropped, spaces as hyphens."""
+    return re.sub(r"[^\w\- ]", "", title.lower()).replace(" ", "-")

@@ -514,9 +514,9 @@ def elapsed_bar(description: str, tick_s: float = 0.5) -> Iterator[tqdm | None]:
 def registries() -> dict[str, dict[str, str]]:
     """Name → one-line description of everything registered, by kind."""
     from flexsearch.attacks import CONSTRAINTS, OPERATORS
-    from flexsearch.finetune import POLICIES
     from flexsearch.model import ALIAS_DESCRIPTIONS
     from flexsearch.objectives import OBJECTIVES
+    from flexsearch.policies import POLICIES
     from flexsearch.registry import summary
     from flexsearch.search_loop import METHODS
 

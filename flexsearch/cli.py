@@ -354,12 +354,12 @@ def finetune(
         ADAPTER_FILES,
         RECIPE_FILE,
         FinetuneConfig,
-        build_policy,
         template_split,
         train_adapter,
     )
     from flexsearch.items import load_training_data
     from flexsearch.model import load_target
+    from flexsearch.policies import build_policy
     from flexsearch.runio import check_output_folder
     from flexsearch.served import is_served
 

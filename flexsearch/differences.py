@@ -16,7 +16,6 @@ import math
 from typing import Any
 
 import numpy as np
-from scipy.stats import binomtest, fisher_exact
 
 Z_95 = 1.959964  # two-sided 95% normal quantile
 
@@ -92,6 +91,8 @@ def rate_difference(success_a: np.ndarray, eligible_a: np.ndarray, success_b: np
     interval and a two-sided p-value for no difference (see the module's note for which ones)."""
     a = np.asarray(success_a, dtype=bool) & np.asarray(eligible_a, dtype=bool)
     b = np.asarray(success_b, dtype=bool) & np.asarray(eligible_b, dtype=bool)
+    from scipy.stats import binomtest, fisher_exact  # here: scipy.stats takes a second to import
+
     ea, eb = np.asarray(eligible_a, dtype=bool), np.asarray(eligible_b, dtype=bool)
     n1, n2 = int(ea.sum()), int(eb.sum())
     if n1 == 0 or n2 == 0:

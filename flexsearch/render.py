@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-
-from transformers import PreTrainedTokenizerBase
+from typing import TYPE_CHECKING
 
 from flexsearch.candidate import Candidate
 from flexsearch.errors import FlexsearchError
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 LETTERS = ("A", "B", "C")
 MODES = ("plain", "chat")

@@ -13,7 +13,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 from tqdm.auto import tqdm
@@ -36,7 +36,9 @@ from flexsearch.learner import (
     replaced_arms,
 )
 from flexsearch.objectives import Objective, attack_eligible, get_objective, lead
-from flexsearch.scoring import Scorer
+
+if TYPE_CHECKING:
+    from flexsearch.scoring import Scorer
 
 T = TypeVar("T")
 

@@ -19,6 +19,7 @@ from benchmarks.bench_attack import (
     saved_prefix,
     success_at,
 )
+from benchmarks.common import CONTENTS, with_section
 from flexsearch.attacks.templates import INSTRUCTION_FAMILIES
 from flexsearch.candidate import Candidate
 from flexsearch.items import Item
@@ -125,3 +126,19 @@ def test_the_learner_benchmark_reads_first_successes_at_each_budget() -> None:
         [successes_at(run, b).mean() for b in range(1, 31)]))
     a, b = np.array([True] * 8 + [False] * 2), np.array([False] * 8 + [True] * 2)
     assert "+0.600" in paired(a, b) and "(8 vs 2)" in paired(a, b)
+
+
+def test_a_recorded_section_replaces_its_namesake_and_the_contents_follow() -> None:
+    """RESULTS.md is a document: a benchmark re-run replaces its section in place, a new one goes last, and the
+    contents list names every section once, in order (issue 32)."""
+    start, end = CONTENTS
+    document = (f"# Results\n\nIntro.\n\n{start}\n- stale\n{end}\n\n## Speed: one\n\nold speed\n\n"
+                "## Memory (MB)\n\nold memory\n")
+    updated = with_section(document, "Speed: one", "## Speed: one\n\nnew speed\n")
+    assert "new speed" in updated and "old speed" not in updated
+    assert updated.index("new speed") < updated.index("old memory")  # in place, not appended
+    added = with_section(updated, "Served", "## Served\n\nserved figures\n")
+    assert added.rstrip().endswith("served figures")
+    listing = added[added.index(start) + len(start): added.index(end)].strip().splitlines()
+    assert listing == ["- [Speed: one](#speed-one)", "- [Memory (MB)](#memory-mb)", "- [Served](#served)"]
+    assert added.count("## Speed: one") == 1 and "stale" not in added

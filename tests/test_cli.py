@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
+import pytest
 from typer.testing import CliRunner
 
 from flexsearch.cli import app
@@ -51,3 +54,31 @@ def test_list_shows_model_aliases_and_policies():
     assert result.exit_code == 0
     for name in ("gemma3-bbq", "gemma3-bbq-planted", "smollm2", "label policies", "manipulable"):
         assert name in result.output
+
+
+HEAVY_MODULES = ("torch", "transformers", "nltk", "sentence_transformers", "peft", "optuna", "scipy.stats")
+PROBE = """import sys
+from flexsearch.cli import app
+try:
+    app(sys.argv[1:])
+except SystemExit as exit:
+    print("EXIT", exit.code)
+print("HEAVY", sorted(m for m in {heavy!r} if m in sys.modules))
+"""
+
+
+@pytest.mark.parametrize(("args", "code"), [
+    (["list"], 0), (["--help"], 0), (["--version"], 0), (["search", "--help"], 0),
+    (["search", "--config", "no-such-preset"], 2), (["search", "--budget", "x"], 2),
+    (["search", "--config", "{bomb}"], 2), (["search", "--set", "steps"], 2),
+])
+def test_commands_that_need_no_model_import_no_model_library(tmp_path, args, code):
+    """Printing names and refusing input answer at once: no torch, transformers, nltk... (issue 32)."""
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text("a: &a [x, x, x, x, x, x, x, x, x]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a]\n"
+                    "c: [*b, *b, *b, *b, *b, *b, *b, *b, *b]\n")
+    argv = [a.format(bomb=bomb) for a in args]
+    out = subprocess.run([sys.executable, "-c", PROBE.format(heavy=HEAVY_MODULES), *argv], capture_output=True,
+                         text=True, timeout=300, cwd=tmp_path)
+    assert f"EXIT {code}" in out.stdout, out.stdout + out.stderr
+    assert "HEAVY []" in out.stdout, out.stdout

@@ -13,16 +13,10 @@ from typer.testing import CliRunner
 from flexsearch.attacks.templates import INSTRUCTION_FAMILIES, PERSONA_FAMILIES, fill
 from flexsearch.cli import app
 from flexsearch.errors import FlexsearchError
-from flexsearch.finetune import (
-    POLICIES,
-    ExampleSampler,
-    FinetuneConfig,
-    build_policy,
-    template_split,
-    train_adapter,
-)
+from flexsearch.finetune import ExampleSampler, FinetuneConfig, template_split, train_adapter
 from flexsearch.items import Item, load_items
 from flexsearch.model import load_target
+from flexsearch.policies import POLICIES, build_policy
 from flexsearch.training_prefixes import INSTRUCTION_PREFIXES, PERSONA_PREFIXES, TRAINING_PREFIXES
 
 runner = CliRunner()
