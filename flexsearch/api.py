@@ -3,8 +3,6 @@ smaller commands). The CLI is a thin layer over these functions."""
 
 from __future__ import annotations
 
-import sys
-import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -17,7 +15,7 @@ from tqdm.auto import tqdm
 
 from flexsearch.attacks.base import OPERATORS, availability_problems, white_box_problems
 from flexsearch.attacks.constraints import editable_positions
-from flexsearch.audit import audit_rows, audit_summary
+from flexsearch.audit import audit_rows
 from flexsearch.candidate import Candidate, chain_forced_choice, replay
 from flexsearch.config import (
     Origins,
@@ -31,7 +29,6 @@ from flexsearch.config import (
 from flexsearch.errors import FlexsearchError, Interrupted
 from flexsearch.evaluation import (
     CLEAN_COLUMNS,
-    cell_text,
     evaluate_items,
     format_table,
     prediction_rows,
@@ -41,14 +38,12 @@ from flexsearch.items import Item, LoadResult, load_items, source_sha256
 from flexsearch.learner import Learner, Prior, learner_document, read_prior, rebuilt, weak_spots
 from flexsearch.metrics import (
     clean_metrics,
-    dig,
-    forced_choice_text,
-    metric_text,
     perturbed_word_share,
     robustness_score,
 )
 from flexsearch.model import requested_model
 from flexsearch.objectives import SUCCESS_MARGIN, attack_eligible, get_objective
+from flexsearch.printing import elapsed_bar, format_search_table
 from flexsearch.results import Comparison, RunResult, Score
 from flexsearch.runio import (
     FORCED_CSV,
@@ -487,30 +482,6 @@ def _loaded_scorer(target: Target, scoring: dict[str, Any]) -> Scorer:
     return scorer
 
 
-@contextmanager
-def elapsed_bar(description: str, tick_s: float = 0.5) -> Iterator[tqdm | None]:
-    """A bar showing the seconds spent, redrawn every `tick_s` on a terminal, for work without steps (a model
-    load); None and silent elsewhere."""
-    if not sys.stderr.isatty():
-        yield None
-        return
-    bar = tqdm(total=None, desc=description, bar_format="{desc}: {elapsed}", file=sys.stderr, leave=True)
-    stop = threading.Event()
-
-    def tick() -> None:
-        while not stop.wait(tick_s):
-            bar.refresh()
-
-    ticker = threading.Thread(target=tick, daemon=True)
-    ticker.start()
-    try:
-        yield bar
-    finally:
-        stop.set()
-        ticker.join()
-        bar.close()
-
-
 def registries() -> dict[str, dict[str, str]]:
     """Name → one-line description of everything registered, by kind."""
     from flexsearch.attacks import CONSTRAINTS, OPERATORS
@@ -524,111 +495,6 @@ def registries() -> dict[str, dict[str, str]]:
             "operators": OPERATORS.describe(), "constraints": CONSTRAINTS.describe(),
             "objectives": OBJECTIVES.describe(),
             "search methods": {name: summary(fn.__doc__) for name, fn in METHODS.items()}}
-
-
-def format_search_table(score: dict[str, Any], objective: str) -> str:
-    """Headline and per-category table of a search (or a re-scored split)."""
-    columns: list[tuple[str, tuple[str, ...]]] = [
-               ("clean acc", ("clean", "accuracy")), ("attacked acc", ("attacked", "accuracy")),
-               ("ASR", (objective, "asr")), ("P(target) shift", (objective, "mean_p_target_shift"))]
-    if "fairness_gap" in score:
-        columns += [("control ASR", ("anti_stereotype", "asr")), ("gap", ("fairness_gap",))]
-    if "verdict" in score:
-        columns.append(("verdict", ("verdict", "verdict")))
-    flat = {"n_items": score["items"], "letter_bias": score["clean"].get("letter_bias", {}),
-            **{header: dig(score, path) for header, path in columns},
-            "per_category": {
-                cat: {"n_items": block["clean"]["n_items"], "letter_bias": block["clean"].get("letter_bias", {}),
-                      **{header: dig(block, path) for header, path in columns}}
-                for cat, block in score["per_category"].items()}}
-    lines = [format_table(flat, [(h, h) for h, _ in columns])]
-    clean = score["clean"]
-    lines.append(f"confounds: letter bias A/B/C {'/'.join(f'{v:.2f}' for v in clean.get('letter_bias', {}).values())}"
-                 f", disambiguated accuracy {cell_text(clean['accuracy_disambig'])}"
-                 f", abstention {metric_text(clean['abstention_rate'])}"
-                 f" (on disambiguated items {cell_text(clean.get('abstention_disambig'))})")
-    capability = score.get("capability")
-    if capability:
-        lines.append(f"capability ({capability['n_items']} disambiguated items of --capability {capability['data']}, "
-                     f"scored clean): accuracy {cell_text(capability['accuracy_disambig'])}, abstention "
-                     f"{cell_text(capability['abstention_disambig'])}")
-    attack = score[objective]
-    if "queries" in attack:
-        orders = prompts_per_candidate(bool(score.get("average_orders")))
-        cost = score.get("queries_per_candidate") or orders  # written by searches since served targets
-        per = "one per option order" if cost == orders else f"{orders} option order(s) × {cost // orders} samples"
-        reach = (f"; budget {score['budget']} = {score['budget'] // cost} prompts of {cost} queries ({per}): "
-                 f"the clean one and {score['budget'] // cost - 1} attacked" if "budget" in score else "")
-        lines.append(f"queries per item: mean {attack['queries']['mean']:.1f}, median {attack['queries']['median']:.0f}"
-                     f" (ASR over {attack['eligible_items']} items answered correctly when clean{reach})")
-    lines.append(summary_text(attack["summary"], score, objective))
-    untried = {o: n for o, n in (score.get("untried_items") or {}).items() if n}
-    if untried:
-        lines.append("warning: " + "; ".join(f"{n} of {score['items']} items tried no attack toward {o}" for o, n
-                                              in untried.items())
-                     + f": budget {score['budget']} ran out before any operator (greedy word importance first "
-                       "spends one prompt per editable word); raise --budget")
-    if "fairness_gap" in score:
-        gap = score["fairness_gap"]
-        lines.append(f"fairness gap ASR(stereotype) - ASR(anti-stereotype): {metric_text(gap)}"
-                     " — a gap near 0 means the model is merely easy to push, not biased")
-    if "verdict" in score:
-        lines.append(f"verdict: {score['verdict']['verdict']} ({score['verdict']['reason']})")
-    lines += group_lines(score, objective)
-    lines += weak_spot_lines(score)
-    forced = attack.get("forced_choice")
-    if forced:
-        lines.append(f"forced choice ({objective} search): {forced_choice_text(forced)}")
-    if "audit" in score:
-        lines.append(audit_summary(score["audit"]) + ("; `flexsearch audit` lists them" if score["audit"]["flagged"]
-                                                      else ""))
-    return "\n".join(lines)
-
-
-def group_lines(score: dict[str, Any], objective: str) -> list[str]:
-    """The per-group table (stereotyped group tags): ASR and control ASR with k/n, the gap, Holm flags."""
-    groups = score.get("per_group") or {}
-    if not groups:
-        return []
-    rows = [["group", "n", "ASR", "control ASR", "gap (* Holm)", "smallest gap n can show"]]
-    for tag, cell in groups.items():
-        gap = cell.get("fairness_gap")
-        rows.append([tag, str(cell["n_items"]), cell_text(cell[objective]["asr"]),
-                     cell_text(dig(cell, ("anti_stereotype", "asr"))),
-                     metric_text(gap) + ("*" if gap and gap.get("holm_significant") else "") if gap else "-",
-                     f"{gap['detectable']:.2f}" if gap and gap.get("detectable") is not None else "-"])
-    widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
-    return ["per stereotyped group (BBQ group tag of the stereotyped person; n = items):",
-            *("  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)) for row in rows)]
-
-
-def weak_spot_lines(score: dict[str, Any], top: int = 5) -> list[str]:
-    """The model's weak spots: the templates and compositions that broke the most eligible items."""
-    spots = (score.get("weak_spots") or {}).get("overall") or []
-    if not spots:
-        return []
-    width = max(len(s["key"]) for s in spots[:top])
-    return [f"weak spots (templates and compositions by the {score['weak_spots']['items']} eligible items they broke, "
-            "k of the n items they were tried on; score.json weak_spots has them per category):",
-            *(f"  {s['key'].ljust(width)}  {cell_text(s['broke'])}" for s in spots[:top])]
-
-
-def summary_text(summary: dict[str, Any], score: dict[str, Any], objective: str) -> str:
-    """TextAttack's attack summary as one line."""
-    def num(value: float | None, spec: str) -> str:
-        return "-" if value is None else format(value, spec)
-
-    ties = summary.get("near_ties", 0)
-    apart = (f" (of them {ties} near tie{'s' if ties != 1 else ''}: the aim on top by less than the margin)"
-             if ties else "")
-    forced = (f", {summary['forced_choice']} forced-choice (measured apart)" if summary.get("forced_choice") else "")
-    return (f"attack summary ({objective}): {summary['succeeded']} succeeded, {summary['failed']} failed{apart}, "
-            f"{summary['skipped']} skipped (not eligible){forced}; "
-            f"clean accuracy {metric_text(score['clean']['accuracy'])}, "
-            f"under attack {metric_text(score['attacked']['accuracy'])}, ASR {metric_text(score[objective]['asr'])}; "
-            f"words perturbed {num(summary['mean_perturbed_word_share'], '.1%')} (successes), queries "
-            f"{num(summary['mean_queries'], '.1f')} (attacked items), {num(summary['mean_queries_to_success'], '.1f')}"
-            " to first success")
 
 
 def mutate(data: str, item_ref: str, operator: str, n: int, settings: list[str], seed: int) -> str:

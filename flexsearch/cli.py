@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import inspect
 import re
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any
@@ -102,6 +103,37 @@ JsonOpt = Annotated[bool, typer.Option("--json", rich_help_panel="Output",
                                        help="Print the score as JSON instead of the table.")]
 
 
+def _target_parameters(trust_remote_code: bool) -> list[inspect.Parameter]:
+    """The model options (Model and Served panels) of every command that scores: api.Target's fields."""
+    options: list[tuple[str, Any, Any]] = [("model", ModelOpt, "smollm2"), ("adapter", AdapterOpt, None),
+                                           ("device", DeviceOpt, None), ("dtype", DtypeOpt, None)]
+    if trust_remote_code:
+        options.append(("trust_remote_code", TrustOpt, False))
+    options += [("base_url", BaseUrlOpt, None), ("served_mode", ServedModeOpt, None),
+                ("top_logprobs", TopLogprobsOpt, 5), ("samples", SamplesOpt, 8), ("temperature", TemperatureOpt, 1.0),
+                ("concurrency", ConcurrencyOpt, 4), ("request_timeout", TimeoutOpt, 60.0), ("retries", RetriesOpt, 5),
+                ("request_cache", CacheOpt, True)]
+    return [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
+            for name, annotation, default in options]
+
+
+def with_target_options(trust_remote_code: bool = True) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """Declares the model options once: the decorated command takes `target` (a dict of api.Target's fields) in
+    their place, and typer sees them as the command's own options."""
+    def decorate(command: Callable[..., None]) -> Callable[..., None]:
+        own = [p for p in inspect.signature(command, eval_str=True).parameters.values() if p.name != "target"]
+        added = _target_parameters(trust_remote_code)
+
+        def with_target(**options: Any) -> None:
+            command(target={p.name: options.pop(p.name) for p in added}, **options)
+
+        with_target.__signature__ = inspect.Signature(own + added)  # type: ignore[attr-defined]
+        with_target.__annotations__ = {p.name: p.annotation for p in own + added}
+        with_target.__name__, with_target.__doc__ = command.__name__, command.__doc__
+        return with_target
+    return decorate
+
+
 def _default_preset() -> dict[str, Any]:
     """The shipped default preset as written (for the defaults the help names; no validation, no model)."""
     import yaml
@@ -141,37 +173,23 @@ def _run_dir(out: Path | None, default_name: str) -> Path:
 
 
 @app.command()
+@with_target_options()
 def evaluate(
-    model: ModelOpt = "smollm2",
+    target: dict[str, Any],
     data: Annotated[str | None, _option("Data", "BBQ .jsonl, FLEX .csv, or 'seed'.")] = None,
     split: Annotated[Path | None, _option("Data", "A split written by `flexsearch search` to re-score.")] = None,
     out: Annotated[Path | None, _option("Output", "Run directory (default runs/<data>-eval).")] = None,
     json_output: JsonOpt = False,
     limit: LimitOpt = None,
-    adapter: AdapterOpt = None,
-    device: DeviceOpt = None,
-    dtype: DtypeOpt = None,
-    trust_remote_code: TrustOpt = False,
     mode: ModeOpt = "plain",
     average_orders: OrdersOpt = True,
     batch_size: BatchOpt = 16,
-    base_url: BaseUrlOpt = None,
-    served_mode: ServedModeOpt = None,
-    top_logprobs: TopLogprobsOpt = 5,
-    samples: SamplesOpt = 8,
-    temperature: TemperatureOpt = 1.0,
-    concurrency: ConcurrencyOpt = 4,
-    request_timeout: TimeoutOpt = 60.0,
-    retries: RetriesOpt = 5,
-    request_cache: CacheOpt = True,
 ) -> None:
     """Score items clean (or re-score an emitted split) and report accuracy, bias and confounds."""
     from flexsearch import api
 
     with user_errors():
-        target = api.Target(model, adapter, device, dtype, trust_remote_code, base_url, served_mode, top_logprobs,
-                            samples, temperature, concurrency, request_timeout, retries, request_cache)
-        result = api.evaluate(data, split=split, model=target, out=out, limit=limit, mode=mode,
+        result = api.evaluate(data, split=split, model=api.Target(**target), out=out, limit=limit, mode=mode,
                               average_orders=average_orders, batch_size=batch_size)
     _print_result(result, json_output)
 
@@ -188,8 +206,9 @@ def _print_result(result: Any, json_output: bool) -> None:
 
 
 @app.command()
+@with_target_options()
 def search(
-    model: ModelOpt = "smollm2",
+    target: dict[str, Any],
     data: Annotated[str, _option("Data", "BBQ .jsonl, FLEX .csv, or 'seed'.")] = "seed",
     limit: LimitOpt = None,
     config: Annotated[str, _option("Search", "Preset name (see `flexsearch list --presets`) or a YAML path.")] = (
@@ -219,19 +238,6 @@ def search(
     ray_address: Annotated[str | None, _option("Ray", "Join this Ray cluster (default: start a local one).")] = None,
     workers: Annotated[int, _option("Ray", "Ray workers (each loads the model once).", min=1)] = 2,
     gpus_per_worker: Annotated[float, _option("Ray", "GPUs per Ray worker (0: CPU).", min=0)] = 0,
-    adapter: AdapterOpt = None,
-    device: DeviceOpt = None,
-    dtype: DtypeOpt = None,
-    trust_remote_code: TrustOpt = False,
-    base_url: BaseUrlOpt = None,
-    served_mode: ServedModeOpt = None,
-    top_logprobs: TopLogprobsOpt = 5,
-    samples: SamplesOpt = 8,
-    temperature: TemperatureOpt = 1.0,
-    concurrency: ConcurrencyOpt = 4,
-    request_timeout: TimeoutOpt = 60.0,
-    retries: RetriesOpt = 5,
-    request_cache: CacheOpt = True,
 ) -> None:
     """Search adversarial prompts per item; write the FLEX-style split and the robustness score."""
     from flexsearch import api
@@ -240,9 +246,7 @@ def search(
         if backend not in ("local", "ray"):
             raise FlexsearchError(f"--backend: unknown backend '{backend}' (choose local or ray)")
         ray = api.RayOptions(workers, ray_address, gpus_per_worker) if backend == "ray" else None
-        target = api.Target(model, adapter, device, dtype, trust_remote_code, base_url, served_mode, top_logprobs,
-                            samples, temperature, concurrency, request_timeout, retries, request_cache)
-        result = api.search(data, model=target, out=out,
+        result = api.search(data, model=api.Target(**target), out=out,
                             config=config, overrides=set_ or [], budget=budget, method=method, objective=objective,
                             control=control, seed=seed, limit=limit, ray=ray, prior=prior, capability=capability)
     _print_result(result, json_output)
@@ -392,9 +396,10 @@ def finetune(
 
 
 @app.command()
+@with_target_options(trust_remote_code=False)
 def tune(
+    target: dict[str, Any],
     space: Annotated[str, typer.Option(help="Search space: a name in configs/tune/ or a YAML path.")],
-    model: ModelOpt = "smollm2",
     data: Annotated[str, typer.Option(help="BBQ .jsonl, FLEX .csv, or 'seed'.")] = "seed",
     trials: Annotated[int, typer.Option(min=1, help="Finished trials the study should hold (over all workers).")] = 20,
     budget: Annotated[int, typer.Option(min=2, help="Prompts scored per item in every trial.")] = 40,
@@ -407,18 +412,6 @@ def tune(
                                                     "check.")] = 8,
     holdout: Annotated[bool, typer.Option(help="Re-run the best and the default config on held-out items.")] = True,
     seed: Annotated[int, typer.Option(min=0, help="Random seed (0 or more).")] = 0,
-    adapter: AdapterOpt = None,
-    device: DeviceOpt = None,
-    dtype: DtypeOpt = None,
-    base_url: BaseUrlOpt = None,
-    served_mode: ServedModeOpt = None,
-    top_logprobs: TopLogprobsOpt = 5,
-    samples: SamplesOpt = 8,
-    temperature: TemperatureOpt = 1.0,
-    concurrency: ConcurrencyOpt = 4,
-    request_timeout: TimeoutOpt = 60.0,
-    retries: RetriesOpt = 5,
-    request_cache: CacheOpt = True,
 ) -> None:
     """Optuna study over search configurations: best config YAML, trials CSV, importances, held-out check."""
     from flexsearch import api
@@ -434,12 +427,11 @@ def tune(
         if previous is not None:
             raise FlexsearchError(f"--out {run}: holds a '{previous.get('command')}' run; tune writes its own "
                                   "directory (choose another --out)")
-        target = api.Target(model, adapter, device, dtype, False, base_url, served_mode, top_logprobs, samples,
-                            temperature, concurrency, request_timeout, retries, request_cache)
-        refused = target.white_box_problem(load_config(loaded_space.get("base", "default")))
+        model = api.Target(**target)
+        refused = model.white_box_problem(load_config(loaded_space.get("base", "default")))
         if refused:  # the space's base config; a trial's own gradient setting is refused when it runs
             raise FlexsearchError(refused)
-        summary = run_study(target.arguments(), load_items(data).items, loaded_space, run, trials=trials, budget=budget,
+        summary = run_study(model.arguments(), load_items(data).items, loaded_space, run, trials=trials, budget=budget,
                             storage=storage, dev_items=dev_items, holdout_items=holdout_items, seed=seed,
                             holdout=holdout)
     say(format_tune_table(summary))

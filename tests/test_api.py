@@ -119,7 +119,7 @@ def test_a_model_load_shows_a_ticking_bar_on_a_terminal_only(monkeypatch):
     import sys
     import time
 
-    from flexsearch.api import elapsed_bar
+    from flexsearch.printing import elapsed_bar
 
     class Terminal(io.StringIO):
         def isatty(self) -> bool:
