@@ -308,11 +308,11 @@ class InProcessBackend:
 
         device = self.target.device
         ids, mask, positions = left_padded(suffixes, self.target.tokenizer.pad_token_id, prefix_len)
-        cache = None
-        if prefix_cache is not None:
-            cache = copy.deepcopy(prefix_cache)
-            cache.batch_repeat_interleave(len(suffixes))
-        with torch.inference_mode():
+        with torch.inference_mode():  # the cache copy too, as before: the prefix's tensors are inference tensors
+            cache = None
+            if prefix_cache is not None:
+                cache = copy.deepcopy(prefix_cache)
+                cache.batch_repeat_interleave(len(suffixes))
             logits = self.target.model(
                 input_ids=ids.to(device),
                 attention_mask=mask.to(device),
