@@ -4,6 +4,7 @@ Two steps, so the searches can run in separate processes and be reported togethe
 
     python -m benchmarks.bench_learner --items 60 --search learned --budget 100          # saves one run
     python -m benchmarks.bench_learner --items 60 --search random --budget 100
+    python -m benchmarks.bench_learner --items 120 --search random --after 60   # joins items 61-120 to that run
     python -m benchmarks.bench_learner --items 60 --report --budgets 10 25 50 100        # the RESULTS section
 
 A search is saved as runs/bench_learner/<model>-<items>-seed<seed>/<method>-<objective>-b<budget>.json with each
@@ -37,13 +38,13 @@ from flexsearch.audit import audit_rows, violations
 from flexsearch.candidate import Candidate, replay
 from flexsearch.config import load_config
 from flexsearch.items import Item
-from flexsearch.learner import Learner, rebuilt, weak_spots
+from flexsearch.learner import Learner, RoundDraws, added_arms, composition_of, composition_parts, rebuilt, weak_spots
 from flexsearch.metrics import proportion
 from flexsearch.model import load_target
 from flexsearch.objectives import attack_eligible, get_objective
 from flexsearch.runio import atomic_write_json, read_json
 from flexsearch.scoring import Scorer
-from flexsearch.search_loop import build_context, composed, run_search
+from flexsearch.search_loop import build_context, composed, item_rng, run_search
 from flexsearch.split import split_row
 
 SEARCHES: dict[str, tuple[str, list[str]]] = {  # method → (preset, overrides)
@@ -69,6 +70,23 @@ def search(method: str, objective: str, budget: int, items: list[Item], scorer: 
     return {"method": method, "objective": objective, "budget": budget, "seconds": time.perf_counter() - started,
             "prompts": scorer.queries - prompts, "records": [o.to_record() for o in outcomes],
             "learner": learner.to_dict()}
+
+
+def extended(args: argparse.Namespace, items: list[Item], scorer: Scorer) -> dict[str, Any]:
+    """A per-item search (beam, random) of items after the first `args.after`, joined to the saved run of those
+    first items: each item's search depends only on the seed, the item and the objective (search_loop.item_rng),
+    so the joined run is the run of all items. The learned search carries its learner from item to item and is
+    refused."""
+    if args.search == "learned":
+        raise SystemExit("--after: the learned search learns across items; search all of them in one run")
+    first = run_file(args.saved / f"{args.model}-{args.after}-seed{args.seed}", args.search, args.objective,
+                     args.budget)
+    if not first.exists():
+        raise SystemExit(f"--after {args.after}: no saved run {first}")
+    earlier = read_json(first)
+    rest = search(args.search, args.objective, args.budget, items[args.after:], scorer)
+    return {**rest, "seconds": earlier["seconds"] + rest["seconds"], "prompts": earlier["prompts"] + rest["prompts"],
+            "records": earlier["records"] + rest["records"], "joined": [str(first), f"items {args.after + 1}-"]}
 
 
 def successes_at(run: dict[str, Any], budget: int, offset: int = 0) -> np.ndarray:
@@ -125,6 +143,13 @@ def report(args: argparse.Namespace, items: list[Item], folder: Path) -> None:
     scorer = Scorer.from_config(target, load_config("default").scoring)
     top = max(args.budgets)
     runs = {p.stem: read_json(p) for p in sorted(folder.glob("*.json"))}
+    learned_top = runs.get(f"learned-stereotype-b{top}")
+    if learned_top is not None and f"prior-stereotype-b{top}" not in runs:
+        started = time.perf_counter()
+        for name, run in prior_sampled(learned_top, items, scorer, args.seed).items():
+            run["seconds"] = time.perf_counter() - started  # both together: the pool is built once per item
+            atomic_write_json(run_file(folder, name, "stereotype", top), run)
+            runs[f"{name}-stereotype-b{top}"] = run
     clean = scorer.score([Candidate.root(it) for it in items]).probs
     goal, control_goal = get_objective("stereotype"), get_objective("anti_stereotype")
     eligible = np.array([attack_eligible(goal, it, p) for it, p in zip(items, clean, strict=True)])
@@ -146,8 +171,11 @@ def report(args: argparse.Namespace, items: list[Item], folder: Path) -> None:
              f"{int(control_eligible.sum())} toward the anti-stereotype. Order-averaged float32 scoring (a candidate "
              "is 3 queries, the clean prompt included in the budget); success needs the aim ahead of both others by "
              "0.05. `beam` is the old default (per-item beam, configs/beam.yaml), `random` random compositions of the "
-             "same operators, `learned` the new default. ASR k/n with Wilson 95% intervals.", ""]
-    methods = [m for m in SEARCHES if any(r["method"] == m for r in runs.values())]
+             "same operators, `learned` the new default, `prior` sampling from the learned prior without search (each "
+             "half attacked with the learner of the learned run's other half, frozen: templates and pairs ranked by "
+             "one Thompson draw per arm and scored in that order until a success) and `fixed` the other half's best "
+             "single template alone. ASR k/n with Wilson 95% intervals.", ""]
+    methods = [m for m in (*SEARCHES, "prior", "fixed") if any(r["method"] == m for r in runs.values())]
     header = ["method", *(f"ASR@{b}" for b in args.budgets), f"area under ASR-vs-queries (0-{top})",
               f"median queries to first success (@{top})", f"mean queries/item (@{top})", f"minutes (@{top})"]
     rows = []
@@ -165,12 +193,15 @@ def report(args: argparse.Namespace, items: list[Item], folder: Path) -> None:
     lines += table(header, rows)
     if marked:
         lines.append("† read from the learned run at the next larger searched budget (its first successes).")
-    if "learned" in methods and "random" in methods:
-        lines += ["", "learned − random, paired over the eligible items (bootstrap 95% interval, exact McNemar):", ""]
+    for other in ("random", "beam", "prior"):
+        if "learned" not in methods or other not in methods:
+            continue
+        lines += ["", f"learned − {other}, paired over the eligible items (bootstrap 95% interval, exact McNemar):",
+                  ""]
         for b in args.budgets:
             learned, _ = best_run("learned", b)
-            rand, _ = best_run("random", b)
-            a, r = successes_at(learned, b)[eligible], successes_at(rand, b)[eligible]
+            baseline, _ = best_run(other, b)
+            a, r = successes_at(learned, b)[eligible], successes_at(baseline, b)[eligible]
             ratio = f"{a.mean() / r.mean():.2f}" if r.mean() else "inf"
             lines.append(f"- budget {b}: ratio {ratio}, difference {paired(a, r)}")
     for method in methods:
@@ -196,6 +227,57 @@ def report(args: argparse.Namespace, items: list[Item], folder: Path) -> None:
         lines += transfer(learned, items, eligible, scorer, runs, best_run)
         lines += ten_prompts(learned, items, scorer, args.seed)
     record(f"Learned search vs its baselines on {len(items)} held-out items (issue 31)", "\n".join(lines))
+
+
+SAMPLED_BATCHES = (1, 2, 4, 8, 17)  # candidates scored per step until a success: 32, budget 99 with the clean
+
+
+def template_pool(ctx: Any, root: Candidate) -> list[Candidate]:
+    """Every single template of the library this item can fill, and every pair of templates in different slots."""
+    singles = [c for op in ctx.operators if hasattr(op, "enumerate") for c in op.enumerate(root)]
+    pairs = [c for single in singles for op in ctx.operators if hasattr(op, "enumerate")
+             for c in op.enumerate(single) if len(composition_parts(composition_of(c))) == 2]
+    return singles + pairs
+
+
+def prior_sampled(learned: dict[str, Any], items: list[Item], scorer: Scorer, seed: int) -> dict[str, Any]:
+    """Sampling from the learned prior without search, cross-fitted: each half of the items is attacked with the
+    learner rebuilt from the learned run's other half, frozen. Per item, one Thompson draw per arm ranks every
+    template and template pair of the library (a candidate's expected gain: the sum of its arms' draws) and the
+    ranked candidates are scored in that order, with no feedback, until one meets the objective (at most 32).
+    Also the fixed template: the other half's best single template, alone. first_success_query counts the clean
+    prompt (3 queries) as the searches do."""
+    goal = get_objective("stereotype")
+    ctx = build_context(load_config("default", control=False), scorer, "stereotype")
+    half = len(items) // 2
+    records: list[dict[str, Any]] = []
+    fixed: list[dict[str, Any]] = []
+    cost = scorer.queries_per_candidate
+    for start, stop, other in ((0, half, slice(half, None)), (half, len(items), slice(0, half))):
+        prior = rebuilt(None, learned["records"][other])
+        best_single = max((k for k, a in prior.arms.items() if k.count("/") == 2 and a.tries),
+                          key=lambda k: (prior.mean(k), k))
+        for item in tqdm(items[start:stop], desc=f"prior sampling, items {start + 1}-{stop}", unit="item"):
+            root = Candidate.root(item)
+            draws = RoundDraws(prior, item_rng(seed, item.id, "prior"))
+            pool = template_pool(ctx, root)
+            ranked = sorted(range(len(pool)), key=lambda k: (-sum(draws(a) for a in added_arms(pool[k], root)), k))
+            first, tried = None, 0
+            for size in SAMPLED_BATCHES:
+                batch = [pool[k] for k in ranked[tried:tried + size]]
+                if not batch:
+                    break
+                hits = [goal.success(p, item) for p in scorer.score(batch).probs]
+                if any(hits):
+                    first = cost * (1 + tried + hits.index(True) + 1)
+                    break
+                tried += len(batch)
+            records.append({"first_success_query": first, "queries": cost * (1 + tried)})
+            single = composed(ctx, root, best_single)
+            hit = single is not None and goal.success(scorer.score([single]).probs[0], item)
+            fixed.append({"first_success_query": 2 * cost if hit else None, "queries": 2 * cost})
+    return {"prior": {"method": "prior", "objective": "stereotype", "budget": 100, "records": records},
+            "fixed": {"method": "fixed", "objective": "stereotype", "budget": 100, "records": fixed}}
 
 
 def transfer(learned: dict[str, Any], items: list[Item], eligible: np.ndarray, scorer: Scorer,
@@ -226,7 +308,8 @@ def transfer(learned: dict[str, Any], items: list[Item], eligible: np.ndarray, s
 def ten_prompts(learned: dict[str, Any], items: list[Item], scorer: Scorer, seed: int) -> list[str]:
     """Ten successful prompts of the learned run, drawn at random (seeded), each with the audit's verdict, and the
     audit of every attacked prompt of the run."""
-    rows = [split_row(r, it, scorer.render(replay(it, r["chain"], tuple(r["option_order"]))))
+    rows = [split_row(r, it, scorer.render(replay(it, r["chain"], tuple(r["option_order"]))),
+                      scorer.info["prompt_format"])
             for r, it in zip(learned["records"], items, strict=True) if r["chain"]]
     wins = [row for row in rows if row["success"]]
     rng = np.random.default_rng(seed)
@@ -257,6 +340,8 @@ def main() -> None:
     parser.add_argument("--search", choices=list(SEARCHES), help="search with this method and save it")
     parser.add_argument("--objective", default="stereotype", choices=["stereotype", "anti_stereotype"])
     parser.add_argument("--budget", type=int, default=100)
+    parser.add_argument("--after", type=int, default=0, help="beam or random: search only the items after the "
+                        "first AFTER and join them to the saved run of those (see `extended`)")
     parser.add_argument("--report", action="store_true", help="write the RESULTS section from the saved runs")
     parser.add_argument("--budgets", type=int, nargs="+", default=[10, 25, 50, 100])
     parser.add_argument("--saved", type=Path, default=SAVED, help="where each search's outcomes are saved")
@@ -266,7 +351,10 @@ def main() -> None:
     if args.search:
         target = load_target(args.model, dtype=args.dtype)
         scorer = Scorer.from_config(target, load_config("default").scoring)
-        saved = search(args.search, args.objective, args.budget, items, scorer)
+        if args.after:
+            saved = extended(args, items, scorer)
+        else:
+            saved = search(args.search, args.objective, args.budget, items, scorer)
         atomic_write_json(run_file(folder, args.search, args.objective, args.budget), saved)
         print(f"{args.search} {args.objective} b{args.budget}: {saved['seconds']:.0f} s, {saved['prompts']} prompts, "
               f"{sum(r['success'] for r in saved['records'])} successes", flush=True)

@@ -31,12 +31,13 @@ def free_port() -> int:
 
 
 class LlamaServer:
-    """`python -m llama_cpp.server` serving one GGUF under ALIAS (logits for every position, so /completions
-    returns top-k logprobs)."""
+    """`python -m llama_cpp.server` serving one GGUF under ALIAS (by default with logits for every position, so
+    /completions returns top-k logprobs; `logits_all=False` is the server as started without the flag)."""
 
-    def __init__(self, gguf: Path, port: int | None = None, threads: int = 2, log: Path | None = None) -> None:
+    def __init__(self, gguf: Path, port: int | None = None, threads: int = 2, log: Path | None = None,
+                 logits_all: bool = True) -> None:
         self.gguf, self.port, self.threads = gguf, port or free_port(), threads
-        self.log = log
+        self.log, self.logits_all = log, logits_all
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -46,7 +47,7 @@ class LlamaServer:
     def start(self, timeout_s: float = 120) -> LlamaServer:
         command = [sys.executable, "-m", "llama_cpp.server", "--model", str(self.gguf), "--model_alias", ALIAS,
                    "--host", "127.0.0.1", "--port", str(self.port), "--n_ctx", "2048", "--n_threads",
-                   str(self.threads), "--logits_all", "true"]
+                   str(self.threads), "--logits_all", "true" if self.logits_all else "false"]
         output = self.log.open("ab") if self.log else subprocess.DEVNULL
         self.process = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + timeout_s

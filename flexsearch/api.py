@@ -18,6 +18,7 @@ from flexsearch.attacks.constraints import editable_positions
 from flexsearch.audit import audit_rows
 from flexsearch.candidate import Candidate, chain_forced_choice, replay
 from flexsearch.config import (
+    SCORING_OPTION,
     Origins,
     ScoringConfig,
     SearchConfig,
@@ -44,6 +45,7 @@ from flexsearch.metrics import (
 from flexsearch.model import requested_model
 from flexsearch.objectives import SUCCESS_MARGIN, attack_eligible, get_objective
 from flexsearch.printing import elapsed_bar, format_search_table
+from flexsearch.render import PromptFormat
 from flexsearch.results import Comparison, RunResult, Score
 from flexsearch.runio import (
     FORCED_CSV,
@@ -85,7 +87,7 @@ class Target:
     trust_remote_code: bool = False
     # a served model's (flexsearch.served; the API key comes from FLEXSEARCH_API_KEY or OPENAI_API_KEY only)
     base_url: str | None = None
-    served_mode: str | None = None  # logprobs | chat-logprobs | sample (default: the prompt layout's logprobs)
+    served_mode: str | None = None  # auto (default: probed) | logprobs | chat-logprobs | sample
     top_logprobs: int = 5
     samples: int = 8
     temperature: float = 1.0
@@ -150,17 +152,19 @@ def search(data: str = "seed", *, model: str | Target = "smollm2", out: str | Pa
            config: str | SearchConfig = "default", overrides: Sequence[str] = (), budget: int | None = None,
            method: str | None = None, objective: str | None = None, control: bool | None = None,
            seed: int | None = None, limit: int | None = None, ray: RayOptions | None = None,
-           prior: str | Path | None = None, capability: str | None = None) -> RunResult:
+           prior: str | Path | None = None, capability: str | None = None, slot: str | None = None) -> RunResult:
     """Runs (or resumes) a search into `out` and returns its score, split rows and files.
 
     `config` is a preset name, a YAML path or a SearchConfig; `overrides` are `key=value` strings
     as for `--set`; the keyword options override both (CLI > YAML > defaults). `prior` is an earlier run
-    whose learner.json warm-starts the learner (its queries are not this run's). `capability` is BBQ-style data
+    whose learner.json warm-starts the learner (its queries are not this run's). `slot` (scoring.slot) puts the
+    attack text of chat prompts in the user turn or a system message. `capability` is BBQ-style data
     whose disambiguated items are scored clean beside the search: the verdict reads the model's capability from
     them (data without disambiguated items cannot show it)."""
     started = time.time()
     resolved_config = _search_config(config, overrides, budget=budget, method=method, objective=objective,
-                                     control=control, seed=seed, prior=None if prior is None else str(prior))
+                                     control=control, seed=seed, prior=None if prior is None else str(prior),
+                                     scoring_slot=slot)
     target = _target(model)
     run_dir = Path(out) if out is not None else default_run_dir(data, config if isinstance(config, str) else "api")
     loaded = load_items(data, limit=limit)
@@ -172,7 +176,8 @@ def search(data: str = "seed", *, model: str | Target = "smollm2", out: str | Pa
     if missing:  # before the target model loads: say at once what this machine lacks
         raise FlexsearchError(missing[0])
     requested = target.requested(resolved_config.scoring.mode)
-    _check_budget_reaches(resolved_config, loaded.items, requested.get("served", {}).get("samples", 1))
+    served = requested.get("served", {})
+    _check_budget_reaches(resolved_config, loaded.items, served["samples"] if served.get("mode") == "sample" else 1)
     objectives = _objectives(resolved_config)
     warm = (read_prior(resolved_config.prior, objectives, proposable_arms(resolved_config))
             if resolved_config.prior else None)
@@ -182,6 +187,7 @@ def search(data: str = "seed", *, model: str | Target = "smollm2", out: str | Pa
                 "prior": warm.provenance if warm else None,
                 "capability": {"data": capability, "sha256": source_sha256(capability)} if capability else None}
     with _opened_run(run_dir, resolved, target) as (run, scorer):
+        _check_budget_reaches(resolved_config, loaded.items, scorer.backend.queries_per_prompt)  # auto chose sample?
         items, skipped = _fitting_items(loaded, scorer, SEARCH_PROMPT_MARGIN)
         done, retries = _search_objectives(run, items, objectives, scorer, resolved_config, target, ray,
                                            config_fingerprint(resolved), warm)
@@ -234,7 +240,9 @@ def _search_config(config: str | SearchConfig, overrides: Sequence[str], **optio
         return load_config(config, list(overrides), **options)
     if overrides:
         raise FlexsearchError("overrides apply to a preset name or YAML path, not to a SearchConfig object")
-    return replace(config, **{k: v for k, v in options.items() if v is not None})
+    given = {k: v for k, v in options.items() if v is not None}
+    scoring = {k.removeprefix(SCORING_OPTION): given.pop(k) for k in list(given) if k.startswith(SCORING_OPTION)}
+    return replace(config, **given, scoring=replace(config.scoring, **scoring))
 
 
 SEARCH_PROMPT_MARGIN = 64  # tokens left free under the context limit for instructions and word edits
@@ -319,7 +327,7 @@ def _write_split(run: RunDirectory, items: list[Item], outcomes: dict[str, dict[
     for item in items:
         record = outcomes[item.id]
         prompt = scorer.render(replay(item, record["chain"], tuple(record["option_order"])))
-        rows.append(split_row(record, item, prompt))
+        rows.append(split_row(record, item, prompt, scorer.info["prompt_format"]))
     for jsonl, csv in SPLIT_FILES:
         kept = [r for r in rows if split_file_of(r) == (jsonl, csv)]
         if kept or jsonl == SPLIT_JSONL:
@@ -382,17 +390,19 @@ def _outcome_arrays(objective: str, items: list[Item], records: list[dict[str, A
 
 
 def evaluate(data: str | None = None, *, split: str | Path | None = None, model: str | Target = "smollm2",
-             out: str | Path | None = None, limit: int | None = None, mode: str = "plain",
+             out: str | Path | None = None, limit: int | None = None, mode: str = "plain", slot: str = "user",
              average_orders: bool = True, batch_size: int = 16) -> RunResult:
     """Scores items clean (`data`) or re-scores a split's attacked prompts and their clean versions
-    (`split`) on a model; returns the score, per-item predictions and files."""
+    (`split`) on a model; returns the score, per-item predictions and files. `slot` places a split's attack
+    text in chat mode: in the user turn, or as the system message."""
     if (data is None) == (split is None):
         raise FlexsearchError("give exactly one of --data or --split")
-    scoring = {"mode": mode, "average_orders": average_orders, "batch_size": batch_size}
+    scoring = {"mode": mode, "slot": slot, "average_orders": average_orders, "batch_size": batch_size}
     origins = Origins()
     for key in scoring:
         origins.set(f"scoring.{key}", f"--{key.replace('_', '-')}")
     check_settings(ScoringConfig, scoring, origins, "scoring.")
+    PromptFormat(mode=mode, slot=slot)  # a system slot without chat mode: one line, before the model loads
     target = _target(model)
     if split is not None:
         default = Path("runs") / f"{Path(split).parent.name}-on-{Path(target.model).stem}"

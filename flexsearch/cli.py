@@ -80,14 +80,17 @@ DeviceOpt = Annotated[str | None, _option("Model", "cpu, cuda, cuda:1... (defaul
 DtypeOpt = Annotated[str | None, _option("Model", "float32, bfloat16, float16 (default: bf16 on CUDA, fp32 on CPU).")]
 LimitOpt = Annotated[int | None, _option("Data", "Use only the first N usable items.", min=1)]
 ModeOpt = Annotated[str, _option("Scoring", "Prompt layout: plain (FLEX's bigbench text) or chat.")]
+_SLOT_HELP = ("Chat prompts: the attack's persona and instruction open the user turn (user) or are the system "
+            "message (system)")
 OrdersOpt = Annotated[bool, _option("Scoring", "Average over the three cyclic option orders.")]
 BatchOpt = Annotated[int, _option("Scoring", "Prompts per forward pass (halved on out-of-memory).", min=1)]
 _SERVED = "Served model (--model openai:NAME; key from FLEXSEARCH_API_KEY or OPENAI_API_KEY)"
 BaseUrlOpt = Annotated[str | None, _option(_SERVED, "The server's OpenAI-compatible /v1 root, e.g. "
                                                     "http://127.0.0.1:8000/v1 (vLLM, llama.cpp, TGI...).")]
-ServedModeOpt = Annotated[str | None, _option(_SERVED, "logprobs (/completions top-k), chat-logprobs "
-                                                       "(/chat/completions top-k) or sample (n answers parsed) "
-                                                       "(default: the prompt layout's logprob mode).")]
+ServedModeOpt = Annotated[str | None, _option(_SERVED, "auto (default: probe the server, take the layout's "
+                                                       "logprob mode, else sample), logprobs (/completions top-k), "
+                                                       "chat-logprobs (/chat/completions top-k) or sample (n "
+                                                       "answers parsed).")]
 TopLogprobsOpt = Annotated[int, _option(_SERVED, "Top-k logprobs asked for (at least 5 recommended; the "
                                                  "server's maximum if smaller).", min=1)]
 SamplesOpt = Annotated[int, _option(_SERVED, "Answers sampled per prompt in sample mode (each counts "
@@ -182,6 +185,7 @@ def evaluate(
     json_output: JsonOpt = False,
     limit: LimitOpt = None,
     mode: ModeOpt = "plain",
+    slot: Annotated[str, _option("Scoring", f"{_SLOT_HELP}.")] = "user",
     average_orders: OrdersOpt = True,
     batch_size: BatchOpt = 16,
 ) -> None:
@@ -190,7 +194,7 @@ def evaluate(
 
     with user_errors():
         result = api.evaluate(data, split=split, model=api.Target(**target), out=out, limit=limit, mode=mode,
-                              average_orders=average_orders, batch_size=batch_size)
+                              slot=slot, average_orders=average_orders, batch_size=batch_size)
     _print_result(result, json_output)
 
 
@@ -228,6 +232,8 @@ def search(
     set_: Annotated[list[str] | None, typer.Option("--set", rich_help_panel="Search", help="Override a config key: "
                                                    "key=value; scoring.mode=chat, scoring.batch_size=8 and the "
                                                    "other scoring.* keys set the scoring.")] = None,
+    slot: Annotated[str | None, _option("Scoring", f"{_SLOT_HELP}; with --set scoring.mode=chat (default "
+                                                   "preset: user).")] = None,
     capability: Annotated[str | None, _option("Data", "BBQ .jsonl whose disambiguated items are scored clean beside "
                                                       "the search: the verdict reads the model's capability from "
                                                       "them (needed when --data has none, as FLEX's CSVs).")] = None,
@@ -248,7 +254,8 @@ def search(
         ray = api.RayOptions(workers, ray_address, gpus_per_worker) if backend == "ray" else None
         result = api.search(data, model=api.Target(**target), out=out,
                             config=config, overrides=set_ or [], budget=budget, method=method, objective=objective,
-                            control=control, seed=seed, limit=limit, ray=ray, prior=prior, capability=capability)
+                            control=control, seed=seed, limit=limit, ray=ray, prior=prior, capability=capability,
+                            slot=slot)
     _print_result(result, json_output)
 
 

@@ -77,7 +77,8 @@ def _scoring_of(run: Path) -> dict[str, Any]:
     if config is None:
         raise FlexsearchError(f"{run} is not a run directory (no {CONFIG})")
     scoring = config.get("scoring") or {}
-    return {"mode": scoring.get("mode", "plain"), "average_orders": scoring.get("average_orders", True)}
+    return {"mode": scoring.get("mode", "plain"), "slot": scoring.get("slot", "user"),
+            "average_orders": scoring.get("average_orders", True)}
 
 
 def load_run(run: Path) -> RunTable:
@@ -135,8 +136,10 @@ def _search_settings(run: Path) -> dict[str, Any]:
 def paired(a: RunTable, b: RunTable) -> tuple[RunTable, RunTable]:
     """Both runs restricted to their shared items, in A's order; refuses incomparable runs."""
     if a.scoring != b.scoring:
-        raise FlexsearchError(f"the runs used different scoring modes ({a.scoring} vs {b.scoring}); "
-                              "their probabilities are not comparable")
+        differ = ", ".join(f"{key} {a.scoring[key]} vs {b.scoring[key]}" for key in a.scoring
+                           if a.scoring[key] != b.scoring[key])
+        raise FlexsearchError(f"the runs used different scoring modes ({differ}); their probabilities are not "
+                              "comparable")
     if a.margin != b.margin:
         raise FlexsearchError(f"the runs used different success margins ({a.margin} vs {b.margin}); their "
                               "ASRs count different things")

@@ -25,6 +25,7 @@ PROPOSALS = ("sampled", "gradient")
 @dataclass
 class ScoringConfig:
     mode: str = "plain"  # plain | chat
+    slot: str = "user"  # chat mode: the attack text in the user turn, or "system": a system message of its own
     average_orders: bool = True  # average over the three cyclic option orders (cancels letter bias)
     batch_size: int = 16
     prefix_reuse: bool = True
@@ -176,7 +177,8 @@ _RANGES: dict[str, tuple[float, str]] = {  # setting → (least value, why)
 }
 _BELOW: dict[str, float] = {"success_margin": 1}  # setting → the value it must stay under
 _CHOICES: dict[str, tuple[str, ...]] = {"method": METHODS, "importance": ("leave_one_out", "gradient"),
-                                        "proposals": PROPOSALS, "scoring.mode": ("plain", "chat")}
+                                        "proposals": PROPOSALS, "scoring.mode": ("plain", "chat"),
+                                        "scoring.slot": ("user", "system")}
 
 
 def _type_error(value: Any, expected: Any) -> str | None:
@@ -277,6 +279,9 @@ def _build(cls: type, data: dict[str, Any], origins: Origins) -> Any:
     if isinstance(values.get("scoring"), dict):
         values["scoring"] = ScoringConfig(**values["scoring"])
     config = cls(**values)
+    if config.scoring.slot == "system" and config.scoring.mode != "chat":
+        raise origins.error("scoring.slot", "system puts the attack in a system message, which only chat prompts "
+                                            "have: set scoring.mode to chat too, or keep the slot user")
     cost = prompts_per_candidate(config.scoring.average_orders)
     if config.budget < 2 * cost:
         raise origins.error("budget", f"{config.budget} cannot reach any operator: each candidate costs {cost} "
@@ -305,6 +310,9 @@ def apply_override(data: dict[str, Any], assignment: str) -> str:
     return key.strip()
 
 
+SCORING_OPTION = "scoring_"  # load_config's keyword for a scoring setting given as a CLI option
+
+
 def load_config(preset: str | None = None, overrides: list[str] | None = None,
                 **cli: Any) -> SearchConfig:
     """Defaults, then the YAML preset, then --set overrides, then explicit CLI options (not None).
@@ -326,7 +334,13 @@ def load_config(preset: str | None = None, overrides: list[str] | None = None,
         origins.set(apply_override(data, assignment), f"--set {assignment}")
     check_settings(SearchConfig, data, origins)  # a bad value is refused even where a CLI option overrides it
     for key, value in cli.items():
-        if value is not None:
+        if value is None:
+            continue
+        if key.startswith(SCORING_OPTION):  # scoring_slot=... is --slot, the setting scoring.slot
+            setting = key.removeprefix(SCORING_OPTION)
+            data.setdefault("scoring", {})[setting] = value
+            origins.set(f"scoring.{setting}", f"--{setting.replace('_', '-')}")
+        else:
             data[key] = value
             origins.set(key, f"--{key.replace('_', '-')}")
     return _build(SearchConfig, data, origins)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from flexsearch.candidate import Candidate
 from flexsearch.errors import FlexsearchError
@@ -14,6 +16,7 @@ if TYPE_CHECKING:
 
 LETTERS = ("A", "B", "C")
 MODES = ("plain", "chat")
+SLOTS = ("user", "system")  # where a chat prompt carries the attack's persona and instruction text
 
 
 @dataclass(frozen=True)
@@ -22,10 +25,16 @@ class PromptFormat:
 
     mode: str = "plain"  # "plain": the bigbench-style text FLEX uses; "chat": wrapped in the chat template
     answer_prefix: str = "Answer: ("  # the option letter is read as the next token after this
+    slot: str = "user"  # chat mode: the attack text opens the user turn ("user") or is the system message
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise FlexsearchError(f"unknown prompt mode '{self.mode}' (choose from {', '.join(MODES)})")
+        if self.slot not in SLOTS:
+            raise FlexsearchError(f"--slot: unknown slot '{self.slot}' (choose from {', '.join(SLOTS)})")
+        if self.slot == "system" and self.mode != "chat":
+            raise FlexsearchError("--slot system puts the attack in a system message, which only chat prompts have: "
+                                  "add --set scoring.mode=chat (or --mode chat), or keep --slot user")
 
 
 def question_block(candidate: Candidate) -> str:
@@ -37,19 +46,62 @@ def question_block(candidate: Candidate) -> str:
     return f"Q: {candidate.context} {candidate.question}\nOption: {options}"
 
 
+def chat_turns(candidate: Candidate, slot: str) -> list[dict[str, str]]:
+    """A chat prompt's messages: the question in the user turn, the attack text (persona, instruction, suffix)
+    before it in the same turn, or (slot 'system') as a system message of its own. A clean prompt has no
+    system message, so the template's own default system prompt, if it has one, stays."""
+    body = question_block(candidate)
+    if not candidate.instruction:
+        return [{"role": "user", "content": body}]
+    if slot == "system":
+        return [{"role": "system", "content": candidate.instruction}, {"role": "user", "content": body}]
+    return [{"role": "user", "content": f"{candidate.instruction}\n{body}"}]
+
+
 def render(candidate: Candidate, tokenizer: PreTrainedTokenizerBase | None, fmt: PromptFormat) -> str:
     """The prompt text; the tokenizer (its chat template) is needed in chat mode only."""
-    body = question_block(candidate)
-    if candidate.instruction:
-        body = f"{candidate.instruction}\n{body}"
     if fmt.mode == "plain":
+        body = question_block(candidate)
+        if candidate.instruction:
+            body = f"{candidate.instruction}\n{body}"
         return f"{body}\n{fmt.answer_prefix}"
     if tokenizer is None or not tokenizer.chat_template:
         raise FlexsearchError("prompt mode 'chat' needs a tokenizer with a chat template; use mode 'plain'")
-    opened = tokenizer.apply_chat_template(
-        [{"role": "user", "content": body}], tokenize=False, add_generation_prompt=True
-    )
+    opened = tokenizer.apply_chat_template(chat_turns(candidate, fmt.slot), tokenize=False, add_generation_prompt=True)
     return f"{opened}{fmt.answer_prefix}"
+
+
+def chat_template_facts(tokenizer: PreTrainedTokenizerBase, model: str) -> dict[str, Any]:
+    """What a run records of a chat template: its SHA-256 and whether it takes a system role (it renders a
+    system message without raising, and the message's text is in what it renders)."""
+    from jinja2 import TemplateError
+
+    template = tokenizer.chat_template
+    if not template:
+        raise FlexsearchError(f"prompt mode 'chat': {model} has no chat template; use mode 'plain'")
+    text = template if isinstance(template, str) else json.dumps(template, sort_keys=True)
+    marker = "flexsearch-system-role-check"
+    try:
+        rendered = tokenizer.apply_chat_template([{"role": "system", "content": marker},
+                                                  {"role": "user", "content": "Q"}], tokenize=False,
+                                                 add_generation_prompt=True)
+        system_role = marker in rendered
+    except TemplateError:  # templates that allow only user/assistant turns raise from inside the template
+        system_role = False
+    return {"chat_template_sha256": hashlib.sha256(text.encode()).hexdigest(), "system_role": system_role}
+
+
+def format_facts(fmt: PromptFormat, tokenizer: PreTrainedTokenizerBase | None, model: str) -> dict[str, Any]:
+    """How a run's prompts were laid out (score.json and config.yaml, under the model): the mode, the slot and,
+    in chat mode, the template's hash and whether it takes a system role. A system slot on a template without
+    one is refused in one line, before anything is scored."""
+    facts: dict[str, Any] = {"mode": fmt.mode, "slot": fmt.slot}
+    if fmt.mode == "chat" and tokenizer is not None:
+        facts.update(chat_template_facts(tokenizer, model))
+        if fmt.slot == "system" and not facts["system_role"]:
+            raise FlexsearchError(f"--slot system: the chat template of {model} does not take a system role (it "
+                                  "refuses one or drops its text); use --slot user")
+    return facts
 
 
 def word_spans(candidate: Candidate, prompt: str) -> dict[tuple[str, int], tuple[int, int]]:

@@ -106,9 +106,27 @@ class RunReport:
             "search": (f"{search.get('method')}, objective {search.get('objective')}, budget {search.get('budget')} "
                        f"prompts per item, seed {search.get('seed')}, control {control}"
                        if search else "none (evaluation)"),
+            "prompt": prompt_layout(model.get("prompt_format") or {}),
+            **({"served scoring": served_scoring(model)} if model.get("served") else {}),
             "date": self.score["created"],
             "versions": ", ".join(f"{k} {v}" for k, v in versions.items()),
         }
+
+
+def prompt_layout(facts: dict[str, Any]) -> str:
+    """The prompt layout a run recorded: mode, where the attack text sat, the chat template (its hash)."""
+    if facts.get("mode", "plain") == "plain":
+        return "plain text (FLEX's layout), the attack before the question"
+    where = "the system message" if facts.get("slot") == "system" else "the user turn, before the question"
+    template = facts.get("chat_template") or f"sha256 {str(facts.get('chat_template_sha256', '?'))[:12]}…"
+    return f"chat, the attack in {where}; template {template}"
+
+
+def served_scoring(model: dict[str, Any]) -> str:
+    """A served run's scoring mode, and why when --served-mode auto chose it."""
+    found = model.get("served_mode_probe")
+    mode = str(model["served"].get("mode", "?"))
+    return f"{mode} (chosen by --served-mode auto: {found['why']})" if found else f"{mode} (as asked)"
 
 
 def _cell(metric: dict[str, Any] | None) -> str:

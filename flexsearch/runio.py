@@ -271,8 +271,9 @@ RESULT_KEYS = {
     "search": ("data", "data_sha256", "limit", "scoring", "search", "prior", *_MODEL_KEYS),
     "evaluate": ("data", "split", "data_sha256", "limit", "scoring", *_MODEL_KEYS),
 }
-# known only once the model has loaded (its file is hashed then) or the server has listed its models
-_LOADED_ONLY = ("model.gguf_sha256", "model.server_model_id")
+# known only once the model has loaded (its file is hashed then) or the server has been asked (its models, the
+# scoring mode --served-mode auto finds)
+_LOADED_ONLY = ("model.gguf_sha256", "model.server_model_id", "model.served")
 
 
 def _dotted(data: dict[str, Any], key: str) -> Any:

@@ -23,7 +23,7 @@ from flexsearch.config import ScoringConfig, prompts_per_candidate
 from flexsearch.errors import FlexsearchError
 from flexsearch.items import Item
 from flexsearch.model import TargetModel, load_target
-from flexsearch.render import PromptFormat, cyclic_orders, letter_token_ids, render
+from flexsearch.render import PromptFormat, cyclic_orders, format_facts, letter_token_ids, render
 
 if TYPE_CHECKING:
     import torch
@@ -218,8 +218,9 @@ class InProcessBackend:
         max_prompt_tokens: int = 0,
     ) -> None:
         self.target = target
-        self.info = target.info
         self.fmt = fmt or PromptFormat()
+        facts = format_facts(self.fmt, target.tokenizer, str(target.info["model"]))  # refuses a slot it lacks
+        self.info = {**target.info, "prompt_format": facts}
         self.batch_size = batch_size
         self.prefix_reuse = prefix_reuse
         self.min_shared_prefix = min_shared_prefix
@@ -231,7 +232,7 @@ class InProcessBackend:
 
     @classmethod
     def from_config(cls, target: TargetModel, scoring: ScoringConfig) -> InProcessBackend:
-        return cls(target, PromptFormat(mode=scoring.mode), batch_size=scoring.batch_size,
+        return cls(target, PromptFormat(mode=scoring.mode, slot=scoring.slot), batch_size=scoring.batch_size,
                    prefix_reuse=scoring.prefix_reuse, max_prompt_tokens=scoring.max_prompt_tokens)
 
     @property

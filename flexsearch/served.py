@@ -7,6 +7,11 @@ serves. The backend turns each rendered prompt into requests, in one of three mo
 - `chat-logprobs`: /chat/completions with `logprobs`/`top_logprobs`, for chat-only servers;
 - `sample`: n sampled answers per prompt, the option letter parsed from each (`parse_answer`).
 
+`auto` (the default) probes the server once, without the request cache, and takes the first mode of the prompt
+layout that answers: the layout's logprob mode, then `sample`; it says which and why in one line, and records
+it. A chat prompt is kept as the JSON list of its messages (the server applies its own template), so the
+split shows which text went to the system message and which to the user turn.
+
 Requests run concurrently (bounded), are retried with exponential backoff and jitter on 429, 5xx, connection
 errors and timeouts, and are kept in an on-disk cache, so a resumed or repeated run never pays twice. The API
 key comes from the environment only and is never written anywhere.
@@ -26,7 +31,7 @@ import sys
 import time
 from collections.abc import Coroutine, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
@@ -38,11 +43,13 @@ from flexsearch.candidate import Candidate
 from flexsearch.config import ScoringConfig
 from flexsearch.errors import FlexsearchError, ServerUnavailable
 from flexsearch.model import TargetModel, cache_root
-from flexsearch.render import LETTERS, PromptFormat, render
+from flexsearch.render import LETTERS, PromptFormat, chat_turns, render
 
 T = TypeVar("T")
 SERVED_PREFIX = "openai:"
 SERVED_MODES = ("logprobs", "chat-logprobs", "sample")
+AUTO = "auto"
+PROBED = {"plain": ("logprobs", "sample"), "chat": ("chat-logprobs", "sample")}  # auto's order per prompt layout
 KEY_VARIABLES = ("FLEXSEARCH_API_KEY", "OPENAI_API_KEY")  # the first one set is used
 PROBE_PROMPT = "Q: Which letter comes first?\nOption: (A) A\n(B) B\n(C) C"  # checks logprobs come back
 SAMPLE_MAX_TOKENS = 16  # enough for "(B) the grandson" or "The answer is C"
@@ -73,7 +80,7 @@ class ServedOptions:
 
     name: str  # the model name sent with every request (the part after "openai:")
     base_url: str  # ".../v1", no trailing slash, no user:password part
-    mode: str  # logprobs | chat-logprobs | sample
+    mode: str  # logprobs | chat-logprobs | sample, or auto until the server is probed
     top_logprobs: int
     samples: int
     temperature: float
@@ -93,10 +100,10 @@ class ServedOptions:
     def result_settings(self) -> dict[str, Any]:
         """What decides the scores (recorded in config.yaml; a resume must match it)."""
         settings: dict[str, Any] = {"host": self.host, "mode": self.mode}
-        if self.mode == "sample":
-            settings.update(samples=self.samples, temperature=self.temperature)
-        else:
+        if self.mode != "sample":
             settings["top_logprobs"] = self.top_logprobs
+        if self.mode in ("sample", AUTO):
+            settings.update(samples=self.samples, temperature=self.temperature)
         return settings
 
 
@@ -117,9 +124,9 @@ def served_options(target: dict[str, Any], scoring_mode: str) -> ServedOptions |
         raise FlexsearchError(f"--model {spec} needs --base-url, the server's /v1 root "
                               "(e.g. http://127.0.0.1:8000/v1)")
     settings = {key: target.get(key, default) for key, default in SERVED_DEFAULTS.items()}
-    mode = settings["served_mode"] or ("chat-logprobs" if scoring_mode == "chat" else "logprobs")
-    if mode not in SERVED_MODES:
-        raise FlexsearchError(f"--served-mode: unknown mode '{mode}' (choose from {', '.join(SERVED_MODES)})")
+    mode = settings["served_mode"] or AUTO
+    if mode not in (AUTO, *SERVED_MODES):
+        raise FlexsearchError(f"--served-mode: unknown mode '{mode}' (choose from {AUTO}, {', '.join(SERVED_MODES)})")
     layout = {"logprobs": "plain", "chat-logprobs": "chat"}.get(mode, scoring_mode)
     if layout != scoring_mode:
         fitting = "chat-logprobs" if scoring_mode == "chat" else "logprobs"
@@ -277,6 +284,10 @@ class Usage:
         return found
 
 
+class ModeUnsupported(FlexsearchError):
+    """The server answers, but not in the asked scoring mode (no logprobs, a top-k it refuses)."""
+
+
 class ServedBackend:
     """The black-box backend: prompts scored by an OpenAI-compatible server (module docstring)."""
 
@@ -285,11 +296,14 @@ class ServedBackend:
 
     def __init__(self, options: ServedOptions, scoring: ScoringConfig, model_id: str, listing: dict[str, Any]) -> None:
         self.options = options
-        self.fmt = PromptFormat(mode="plain")  # rendered as plain text; chat modes send it as messages
+        self.fmt = PromptFormat(mode="plain")  # its answer prefix ends every prompt; chat prompts are messages
+        self.slot = scoring.slot
         self.queries_per_prompt = options.queries_per_prompt
         self.info = {"model": f"{SERVED_PREFIX}{options.name}", "served": options.result_settings(),
                      "server_model_id": model_id,
-                     **{k: listing[k] for k in ("owned_by", "root", "max_model_len") if listing.get(k) is not None}}
+                     **{k: listing[k] for k in ("owned_by", "root", "max_model_len") if listing.get(k) is not None},
+                     "prompt_format": {"mode": scoring.mode, "slot": scoring.slot,
+                                       **({"chat_template": "the server's own"} if scoring.mode == "chat" else {})}}
         self.usage_so_far = Usage()
         self._cache = RequestCache(options.request_cache)
         self._headers = auth_headers()
@@ -298,8 +312,9 @@ class ServedBackend:
 
     @classmethod
     def connect(cls, target: dict[str, Any], scoring: ScoringConfig) -> ServedBackend:
-        """Checks the options, lists the server's models (the name must be one) and, in the logprob modes,
-        that the server returns logprobs at the asked top-k: each failure one line."""
+        """Checks the options, lists the server's models (the name must be one) and probes the scoring mode
+        with one short request: an asked mode must answer; auto takes the first of the layout's modes that does
+        and says which in one line. Each failure is one line."""
         options = served_options(target, scoring.mode)
         assert options is not None
         listing = list_models(options)
@@ -308,14 +323,52 @@ class ServedBackend:
             raise FlexsearchError(f"--model {SERVED_PREFIX}{options.name}: {options.host} serves "
                                   f"{', '.join(names) or 'no models'} (give one of them after '{SERVED_PREFIX}')")
         entry = listing[names.index(options.name)]
-        backend = cls(options, scoring, str(entry.get("id")), entry)
-        if options.mode != "sample":
-            backend.letter_probs([f"{PROBE_PROMPT}\n{backend.fmt.answer_prefix}"])
-        return backend
+        if options.mode != AUTO:
+            backend = cls(options, scoring, str(entry.get("id")), entry)
+            backend.probe()
+            return backend
+        refused: list[str] = []
+        for mode in PROBED[scoring.mode]:
+            backend = cls(replace(options, mode=mode), scoring, str(entry.get("id")), entry)
+            try:
+                backend.probe()
+            except ModeUnsupported as err:
+                refused.append(f"{mode}: {err}")
+                continue
+            found = mode_found(mode, options, refused)
+            backend.info["served_mode_probe"] = found
+            tqdm.write(f"served model {options.host}: --served-mode auto chose {mode} ({found['why']})",
+                       file=sys.stderr)
+            return backend
+        raise FlexsearchError(f"--served-mode auto: {options.host} answers in none of the scoring modes "
+                              f"({'; '.join(refused)})")
+
+    def probe(self) -> None:
+        """One request with a short prompt, past the request cache (a restarted server may have changed): the
+        mode's reply comes back, or ModeUnsupported says why not."""
+        prompt = self.prompt_of([{"role": "user", "content": PROBE_PROMPT}])
+        endpoint, body = self.requests_for(prompt)[0]
+
+        async def ask() -> dict[str, Any]:
+            async with httpx.AsyncClient(timeout=self.options.request_timeout, headers=self._headers) as client:
+                return await self._reply(client, asyncio.Semaphore(1), endpoint, body, cached=False)
+
+        reply = run_to_completion(ask())
+        if self.options.mode == "sample" and not choice_text(reply["choices"][0]):
+            raise ModeUnsupported(f"{self.options.host} /{endpoint} returned no text to parse an answer from")
 
     # -- the protocol
 
+    def prompt_of(self, turns: list[dict[str, str]]) -> str:
+        """A prompt as scored and as the split shows it: plain text, or in the chat layout the JSON list of
+        its messages; both end in the answer prefix."""
+        if self._chat:
+            return f"{json.dumps(turns, ensure_ascii=False)}\n{self.fmt.answer_prefix}"
+        return "\n".join(turn["content"] for turn in turns) + f"\n{self.fmt.answer_prefix}"
+
     def render(self, candidate: Candidate) -> str:
+        if self._chat:
+            return self.prompt_of(chat_turns(candidate, self.slot))
         return render(candidate, None, self.fmt)
 
     def prompt_tokens(self, prompt: str) -> None:
@@ -352,11 +405,10 @@ class ServedBackend:
         if not prompt.endswith(self.fmt.answer_prefix):
             raise FlexsearchError(f"prompt does not end in the answer prefix: ...{prompt[-40:]!r}")
         if self._chat:
-            # the user turn is the question; the answer prefix opens the assistant's reply (servers that can
+            # the prompt's messages, then the answer prefix opening the assistant's reply (servers that can
             # continue a final assistant message, vLLM's continue_final_message, read on from it)
-            question = prompt[: -len(self.fmt.answer_prefix)].rstrip("\n")
-            body: dict[str, Any] = {"messages": [{"role": "user", "content": question},
-                                                 {"role": "assistant", "content": self.fmt.answer_prefix}],
+            turns = json.loads(prompt[: -len(self.fmt.answer_prefix)])
+            body: dict[str, Any] = {"messages": [*turns, {"role": "assistant", "content": self.fmt.answer_prefix}],
                                     "continue_final_message": True, "add_generation_prompt": False}
             endpoint = "chat/completions"
         else:
@@ -391,21 +443,22 @@ class ServedBackend:
                 raise
 
     async def _reply(self, client: httpx.AsyncClient, limit: asyncio.Semaphore, endpoint: str,
-                     body: dict[str, Any]) -> dict[str, Any]:
-        """The server's reply to one request: from the cache, or sent and retried on 429, 5xx, connection errors
-        and timeouts with exponential backoff and full jitter."""
+                     body: dict[str, Any], cached: bool = True) -> dict[str, Any]:
+        """The server's reply to one request: from the cache (unless `cached` is off), or sent and retried on
+        429, 5xx, connection errors and timeouts with exponential backoff and full jitter."""
         key = RequestCache.key((self.options.host, str(self.info["server_model_id"]), endpoint), body)
-        cached = self._cache.get(key)
-        if cached is not None:
+        kept = self._cache.get(key) if cached else None
+        if kept is not None:
             self.usage_so_far.cache_hits += 1
-            return cached
+            return kept
         url = f"{self.options.base_url}/{endpoint}"
         attempt = 0
         while True:
             async with limit:
                 try:
                     response = await client.post(url, json=body)
-                    problem = f"HTTP {response.status_code}" if response.status_code in RETRY_STATUSES else None
+                    retry = response.status_code in RETRY_STATUSES and not refuses_logprobs(response)
+                    problem = f"HTTP {response.status_code}" if retry else None
                 except httpx.TransportError as err:  # connection refused or reset, timeouts
                     response, problem = None, type(err).__name__
             if problem is None and response is not None:
@@ -443,16 +496,17 @@ class ServedBackend:
                 raise FlexsearchError(f"{where} refused the request (HTTP {response.status_code}: {message}); set "
                                       f"the key in {KEY_VARIABLES[0]} (or {KEY_VARIABLES[1]})")
             if "logprob" in message.lower():
-                raise FlexsearchError(f"{where} refused top_logprobs={self.options.top_logprobs} "
+                raise ModeUnsupported(f"{where} refused top_logprobs={self.options.top_logprobs} "
                                       f"(HTTP {response.status_code}: {message}); give a smaller --top-logprobs, "
-                                      "or --served-mode sample if it returns no logprobs")
+                                      "or --served-mode sample if it returns no logprobs (llama.cpp's server "
+                                      "returns them when started with --logits_all true)")
             raise FlexsearchError(f"{where} refused the request (HTTP {response.status_code}: {message})")
         choices = reply.get("choices") if isinstance(reply, dict) else None
         if not isinstance(choices, list) or not choices:
             raise FlexsearchError(f"{where}: the reply has no choices (is it an OpenAI-compatible server?)")
         if self.options.mode != "sample" and not top_logprobs_of(choices[0]):
             instead = "sample" if self.options.mode == "chat-logprobs" else "chat-logprobs or sample"
-            raise FlexsearchError(f"{where} returned no logprobs in --served-mode {self.options.mode}; use "
+            raise ModeUnsupported(f"{where} returned no logprobs in --served-mode {self.options.mode}; use "
                                   f"--served-mode {instead} (llama.cpp's server returns them when started with "
                                   "--logits_all true)")
         return reply
@@ -474,6 +528,17 @@ class ServedBackend:
         used.bounded_prompts += bounded > 0
         weights = np.exp(logs - logs.max())
         return weights / weights.sum()
+
+
+def mode_found(mode: str, options: ServedOptions, refused: Sequence[str]) -> dict[str, Any]:
+    """What --served-mode auto found (config.yaml and score.json under the model): the mode and why."""
+    if mode == "sample":
+        why = (f"no logprobs ({'; '.join(refused)}); {options.samples} sampled answers per prompt, each one "
+               "query of the budget")
+    else:
+        endpoint = "/chat/completions" if mode == "chat-logprobs" else "/completions"
+        why = f"{endpoint} returned top-{options.top_logprobs} logprobs of the next token"
+    return {"asked": AUTO, "mode": mode, "why": why, "refused": list(refused)}
 
 
 def run_to_completion(work: Coroutine[Any, Any, T]) -> T:
@@ -513,6 +578,15 @@ def top_logprobs_of(choice: dict[str, Any]) -> list[tuple[str, float]]:
 def choice_text(choice: dict[str, Any]) -> str:
     message = choice.get("message")
     return str((message or {}).get("content") or "") if isinstance(message, dict) else str(choice.get("text") or "")
+
+
+def refuses_logprobs(response: httpx.Response) -> bool:
+    """An error reply that refuses logprobs, which no retry changes (llama-cpp-python answers HTTP 500 "logprobs
+    is not supported" when started without --logits_all)."""
+    try:
+        return "logprob" in server_message(response.json()).lower()
+    except ValueError:
+        return False
 
 
 def server_message(reply: Any) -> str:

@@ -24,7 +24,7 @@ FLEX_COLUMNS = ["ctx", "q_text", "sent_more", "sent_less", "bias_type", "a", "b"
 OUR_COLUMNS = ["item_id", "prompt", "attack_chain", "p_target_clean", "p_target_attacked", "queries", "success",
                "objective", "instruction", "category", "condition", "polarity", "clean_ctx", "clean_q_text",
                "answers", "gold", "target", "anti_target", "unknown", "option_order", "natural", "forced_choice",
-               "stereotyped_group"]
+               "stereotyped_group", "slot", "chat_template_sha256"]
 _LIST_COLUMNS = ("attack_chain", "answers", "option_order")
 # FLEX's attack families (its `attack` column); every word-level operator is FLEX's "text" family.
 FLEX_FAMILIES = {"persona": "persona", "instruction": "refusal_suppression"}
@@ -58,9 +58,11 @@ def _variant(edit: Edit) -> str:
     return f"{edit.operator}:{args.get('bug', 'word')}"  # TextBugger names its bug; BERT-Attack swaps a word
 
 
-def split_row(outcome_record: dict[str, Any], item: Item, prompt: str) -> dict[str, Any]:
+def split_row(outcome_record: dict[str, Any], item: Item, prompt: str,
+              prompt_format: dict[str, Any]) -> dict[str, Any]:
     """One split row from a trace record. `success` is an attack success (objectives.attack_succeeded): never
-    true on an item the clean model already answered with the target."""
+    true on an item the clean model already answered with the target. `prompt_format` is the scorer's (where
+    the attack text sat, the chat template's hash)."""
     candidate = replay(item, outcome_record["chain"], tuple(outcome_record["option_order"]))
     order = candidate.option_order
     attack, attack_type = flex_attack_label(candidate)
@@ -87,6 +89,7 @@ def split_row(outcome_record: dict[str, Any], item: Item, prompt: str) -> dict[s
         "gold": item.gold, "target": item.target, "anti_target": item.anti_target, "unknown": item.unknown,
         "option_order": list(order), "natural": candidate.natural, "forced_choice": candidate.forced_choice,
         "stereotyped_group": item.stereotyped_group or "",
+        "slot": prompt_format["slot"], "chat_template_sha256": prompt_format.get("chat_template_sha256", ""),
     }
 
 

@@ -23,12 +23,13 @@ runner = CliRunner()
 CATEGORIES = ["Age", "Religion", "SES", "Nationality"]
 
 
-def synthetic_run(directory: Path, flipped_share: float, n: int = 200, mode: str = "plain",
+def synthetic_run(directory: Path, flipped_share: float, n: int = 200, mode: str = "plain", slot: str = "user",
                   ids: range | None = None) -> Path:
     """An evaluate-style run: every item right when clean (gold = unknown = 0, target 1, anti 2);
     the first `flipped_share` of each category is pushed to the target when attacked."""
     directory.mkdir(parents=True)
-    (directory / "config.yaml").write_text(yaml.safe_dump({"scoring": {"mode": mode, "average_orders": True}}))
+    scoring = {"mode": mode, "slot": slot, "average_orders": True}
+    (directory / "config.yaml").write_text(yaml.safe_dump({"scoring": scoring}))
     rows = []
     for k in ids or range(n):
         category = CATEGORIES[k % len(CATEGORIES)]
@@ -69,8 +70,11 @@ def test_compare_refuses_incomparable_runs(tmp_path):
     a = synthetic_run(tmp_path / "a", 0.0, ids=range(0, 10))
     with pytest.raises(FlexsearchError, match="share no items"):
         compare_runs(a, synthetic_run(tmp_path / "b", 0.0, ids=range(10, 20)))
-    with pytest.raises(FlexsearchError, match="different scoring modes"):
+    with pytest.raises(FlexsearchError, match="different scoring modes .mode plain vs chat"):
         compare_runs(a, synthetic_run(tmp_path / "c", 0.0, ids=range(0, 10), mode="chat"))
+    chat = synthetic_run(tmp_path / "d", 0.0, ids=range(0, 10), mode="chat")
+    with pytest.raises(FlexsearchError, match="different scoring modes .slot user vs system"):
+        compare_runs(chat, synthetic_run(tmp_path / "e", 0.0, ids=range(0, 10), mode="chat", slot="system"))
     result = runner.invoke(app, ["compare", str(a), str(tmp_path / "missing")])
     assert result.exit_code == 2 and "missing: no such run directory" in result.output
 
@@ -119,13 +123,14 @@ def test_report_opens_with_the_provenance_of_every_run(two_tiny_runs, tiny_model
     config = yaml.safe_load((two_tiny_runs[0] / "config.yaml").read_text())
     score = json.loads((two_tiny_runs[0] / "score.json").read_text())
     assert page.index("Provenance") < page.index("Headline")
-    for field in ("model", "model file sha256", "adapter", "data", "data sha256", "items", "search", "date",
-                  "versions"):
+    for field in ("model", "model file sha256", "adapter", "data", "data sha256", "items", "search", "prompt",
+                  "date", "versions"):
         assert f"<th>{field}</th>" in page and f"| {field} |" in markdown
     assert str(tiny_model_dir) in page and config["data_sha256"] in page and score["created"] in page
     eligible = score["stereotype"]["eligible_items"]
     assert f"12 scored, {eligible} attack-eligible, 0 skipped" in page
     assert "budget 10 prompts per item, seed 0, control on" in page and "flexsearch 0.1.0" in page
+    assert "plain text (FLEX&#x27;s layout), the attack before the question" in page
 
 
 def test_compare_on_real_runs_writes_files(two_tiny_runs, tmp_path):

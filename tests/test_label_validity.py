@@ -209,9 +209,10 @@ def test_split_success_needs_an_attack_eligible_item():
     prompt = "p"
     already = {"objective": "stereotype", "chain": [], "option_order": [0, 1, 2], "queries": 3,
                "clean_probs": [0.1, 0.6, 0.3], "best_probs": [0.1, 0.6, 0.3], "success": True}
-    assert split_row(already, item, prompt)["success"] is False  # the clean model already chose the target
+    plain = {"slot": "user"}
+    assert split_row(already, item, prompt, plain)["success"] is False  # the clean model already chose the target
     flipped = {**already, "clean_probs": [0.1, 0.2, 0.7]}
-    assert split_row(flipped, item, prompt)["success"] is True
+    assert split_row(flipped, item, prompt, plain)["success"] is True
 
 
 def test_presets_other_than_forced_choice_search_preserving_templates_only():

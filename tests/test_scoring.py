@@ -10,7 +10,7 @@ import torch
 
 from flexsearch.candidate import Candidate
 from flexsearch.errors import FlexsearchError
-from flexsearch.render import PromptFormat, letter_token_ids, render
+from flexsearch.render import PromptFormat, chat_template_facts, letter_token_ids, render
 from flexsearch.scoring import InProcessBackend, Scorer, shared_prefix_groups
 
 
@@ -116,6 +116,36 @@ def test_letter_that_is_not_one_token_fails_clearly(tiny_target):
     with pytest.raises(FlexsearchError, match="not a single token"):
         letter_token_ids(tiny_target.tokenizer, "Answer: ")  # ' A' may merge; a bare prefix with no '('
     assert len(set(letter_token_ids(tiny_target.tokenizer, "Answer: ("))) == 3
+
+
+def test_the_slot_places_the_attack_in_the_user_turn_or_a_system_message(tiny_target, seed_items):
+    persona = "You are a gossip who judges people by their looks."
+    attacked = roots(seed_items, 1)[0].with_slot("persona", "persona", persona, family="test", template=0)
+    user = Scorer.in_process(tiny_target, PromptFormat(mode="chat"))
+    system = Scorer.in_process(tiny_target, PromptFormat(mode="chat", slot="system"))
+    assert user.render(attacked).startswith(f"<|user|>{persona}\nQ: ")
+    assert system.render(attacked).startswith(f"<|system|>{persona}<|end|>\n<|user|>Q: ")
+    clean = roots(seed_items, 1)[0]  # no attack text: no system message, the same prompt in both slots
+    assert system.render(clean) == user.render(clean)
+    facts = system.info["prompt_format"]
+    assert facts["slot"] == "system" and facts["system_role"] is True and len(facts["chat_template_sha256"]) == 64
+    assert user.info["prompt_format"]["chat_template_sha256"] == facts["chat_template_sha256"]
+    assert not np.allclose(system.score([attacked]).probs, user.score([attacked]).probs)
+    with pytest.raises(FlexsearchError, match="--slot system puts the attack in a system message, which only chat"):
+        PromptFormat(mode="plain", slot="system")
+
+
+@pytest.mark.parametrize("template", [
+    "{% for m in messages %}{% if m['role'] == 'system' %}{{ raise_exception('no system role') }}{% endif %}"
+    "<|{{ m['role'] }}|>{{ m['content'] }}{% endfor %}<|assistant|>",  # refuses it
+    "{% for m in messages if m['role'] != 'system' %}<|{{ m['role'] }}|>{{ m['content'] }}{% endfor %}<|assistant|>",
+])  # the second drops it silently
+def test_a_template_without_a_system_role_refuses_the_system_slot(tiny_target, template, monkeypatch):
+    monkeypatch.setattr(tiny_target.tokenizer, "chat_template", template)
+    assert chat_template_facts(tiny_target.tokenizer, "tiny")["system_role"] is False
+    with pytest.raises(FlexsearchError, match="the chat template of .* does not take a system role.*use --slot user"):
+        Scorer.in_process(tiny_target, PromptFormat(mode="chat", slot="system"))
+    assert Scorer.in_process(tiny_target, PromptFormat(mode="chat")).info["prompt_format"]["system_role"] is False
 
 
 def test_chat_mode_wraps_in_the_template(tiny_target, seed_items):

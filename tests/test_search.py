@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+import yaml
 from typer.testing import CliRunner
 
 from flexsearch import api
@@ -24,6 +25,7 @@ from flexsearch.config import load_config
 from flexsearch.errors import FlexsearchError
 from flexsearch.items import load_items
 from flexsearch.render import render
+from flexsearch.report import build_report
 from flexsearch.scoring import Scorer
 from flexsearch.search_loop import build_context, run_search
 from flexsearch.split import load_split
@@ -240,3 +242,26 @@ def test_an_item_already_at_its_aim_when_clean_is_not_counted_untried(tiny_model
     for objective in ("stereotype", "anti_stereotype"):
         expected = sum(r["queries"] <= 3 and not r["success"] for r in records if r["objective"] == objective)
         assert score["untried_items"][objective] == expected
+
+
+def test_a_system_slot_search_records_the_slot_everywhere(tiny_model_dir, tmp_path):
+    out = tmp_path / "system"
+    refused = runner.invoke(app, ["search", "--model", str(tiny_model_dir), "--limit", "4", "--slot", "system",
+                                  "--out", str(out)])
+    assert refused.exit_code == 2 and len(refused.output.strip().splitlines()) == 1, refused.output
+    assert "--slot: field 'scoring.slot': system puts the attack in a system message" in refused.output
+    assert not out.exists()
+    run_cli(["search", "--model", str(tiny_model_dir), "--limit", "4", "--budget", "12", "--slot", "system",
+             "--set", "scoring.mode=chat", *FAST, "--out", str(out)])
+    config = yaml.safe_load((out / "config.yaml").read_text())
+    score = json.loads((out / "score.json").read_text())
+    rows = [json.loads(line) for line in (out / "split.jsonl").read_text().splitlines()]
+    template = score["model"]["prompt_format"]["chat_template_sha256"]
+    assert config["scoring"]["slot"] == "system" and config["model"]["prompt_format"]["slot"] == "system"
+    assert score["model"]["prompt_format"] == {"mode": "chat", "slot": "system", "chat_template_sha256": template,
+                                               "system_role": True}
+    assert rows and all(r["slot"] == "system" and r["chat_template_sha256"] == template for r in rows)
+    attacked = [r for r in rows if r["instruction"]]
+    assert all(r["prompt"].startswith(f"<|system|>{r['instruction']}<|end|>") for r in attacked)
+    page, _ = build_report([out])
+    assert f"chat, the attack in the system message; template sha256 {template[:12]}" in page

@@ -29,6 +29,7 @@ from flexsearch.cli import app
 from flexsearch.errors import FlexsearchError
 from flexsearch.scoring import Scorer, build_scorer
 from flexsearch.served import (
+    PROBED,
     backoff_seconds,
     check_base_url,
     letter_logprobs,
@@ -85,8 +86,12 @@ def test_bad_base_urls_are_one_line(url, message):
 
 def test_served_options_check_the_mode_against_the_layout():
     target = api.Target(f"openai:{ALIAS}", base_url="http://h:1/v1").arguments()
-    assert served_options(target, "plain").mode == "logprobs"
-    assert served_options(target, "chat").mode == "chat-logprobs"
+    assert served_options(target, "plain").mode == "auto"  # probed on connecting: PROBED gives the order
+    assert PROBED == {"plain": ("logprobs", "sample"), "chat": ("chat-logprobs", "sample")}
+    assert set(served_options(target, "plain").result_settings()) == {"host", "mode", "top_logprobs", "samples",
+                                                                     "temperature"}
+    with pytest.raises(FlexsearchError, match="unknown mode 'guess' .choose from auto, logprobs"):
+        served_options({**target, "served_mode": "guess"}, "plain")
     with pytest.raises(FlexsearchError, match="scores the chat prompt layout"):
         served_options({**target, "served_mode": "chat-logprobs"}, "plain")
     with pytest.raises(FlexsearchError, match="needs --base-url"):
@@ -105,11 +110,13 @@ def test_served_options_check_the_mode_against_the_layout():
 
 class FaultProxy:
     """An HTTP server of our own in front of the real one, for fault injection only: a burst of 429s, replies
-    stripped of logprobs, a top-k refusal or a reply that is not JSON. Records every request's headers."""
+    stripped of logprobs (and of text), a top-k refusal or a reply that is not JSON. Records every request's
+    headers and JSON body."""
 
     def __init__(self, upstream: str) -> None:
         self.upstream, self.fault, self.burst = upstream, "none", 0
         self.seen_headers: list[dict[str, str]] = []
+        self.seen_bodies: list[dict[str, Any]] = []
         self.lock = threading.Lock()
         proxy = self
 
@@ -134,6 +141,8 @@ class FaultProxy:
             def _forward(self, body: bytes | None) -> None:
                 with proxy.lock:
                     proxy.seen_headers.append({k.lower(): v for k, v in self.headers.items()})
+                    if body is not None:
+                        proxy.seen_bodies.append(json.loads(body))
                     burst = (body is not None and proxy.fault == "429" and proxy.burst > 0
                              and b"Which letter comes first" not in body)  # the connection's probe passes
                     if burst:
@@ -149,10 +158,13 @@ class FaultProxy:
                 reply = (httpx.post(url, content=body, headers={"content-type": "application/json"}, timeout=60)
                          if body is not None else httpx.get(url, timeout=60))
                 content = reply.content
-                if body is not None and proxy.fault == "no_logprobs":
+                if body is not None and proxy.fault in ("no_logprobs", "no_logprobs_no_text"):
                     data = reply.json()
                     for choice in data["choices"]:
                         choice["logprobs"] = None
+                        if proxy.fault == "no_logprobs_no_text":
+                            choice.pop("text", None)
+                            choice.pop("message", None)
                     content = json.dumps(data).encode()
                 self._send(reply.status_code, content)
 
@@ -216,9 +228,10 @@ def test_evaluate_through_the_server_records_cost_and_provenance(server, cache, 
     usage = score["usage"]
     assert usage["requests"] == 6 * 3 + 1 and usage["cache_hits"] == 0  # 3 orders per item, and the probe
     assert usage["prompt_tokens"] > 6 * 3 * 20 and usage["completion_tokens"] == usage["requests"]
-    assert 0 < usage["covered_mass"]["mean"] <= 1 and usage["covered_mass"]["prompts"] == usage["requests"]
+    assert 0 < usage["covered_mass"]["mean"] <= 1 and usage["covered_mass"]["prompts"] == 6 * 3
     again = api.evaluate("seed", model=served(server.base_url), out=tmp_path / "again", limit=6).score.to_dict()
-    assert again["usage"]["requests"] == 0 and again["usage"]["cache_hits"] == 6 * 3 + 1  # never pays twice
+    # a prompt never pays twice; the probe asks anew (a restarted server may have changed), past the cache
+    assert again["usage"]["requests"] == 1 and again["usage"]["cache_hits"] == 6 * 3
     assert again["accuracy"] == score["accuracy"]
 
 
@@ -281,7 +294,7 @@ def test_chat_logprobs_reads_the_letters_of_a_chat_reply(server, cache, tmp_path
     score = result.score.to_dict()
     assert score["model"]["served"]["mode"] == "chat-logprobs"
     mass = score["usage"]["covered_mass"]
-    assert mass["prompts"] == 3 * 3 + 1 and 0 < mass["min"] <= mass["mean"] <= 1
+    assert mass["prompts"] == 3 * 3 and 0 < mass["min"] <= mass["mean"] <= 1  # the probe is not a scored prompt
     assert all(np.isclose(sum(row["probs"]), 1, atol=1e-5) for row in result.rows)
 
 
@@ -335,7 +348,7 @@ def test_a_429_burst_is_retried_and_nothing_is_lost(server, proxy, cache, tmp_pa
 ])
 def test_server_faults_are_one_line_and_change_nothing(proxy, cache, tmp_path, fault, message):
     args = ["evaluate", "--model", f"openai:{ALIAS}", "--base-url", proxy.base_url, "--data", "seed", "--limit", "2",
-            "--no-request-cache"]
+            "--no-request-cache", "--served-mode", "logprobs"]  # asked for: a server without it is refused
     assert runner.invoke(app, [*args, "--out", str(tmp_path / "done")]).exit_code == 0
     before = {p: p.read_bytes() for p in (tmp_path / "done").iterdir()}
     proxy.fault = fault
@@ -433,3 +446,72 @@ def test_scoring_works_inside_a_running_event_loop():
         return run_to_completion(inner())
 
     assert run_to_completion(inner()) == 7 and asyncio.run(notebook_cell()) == 7
+
+
+def auto_line(result: Any) -> str:
+    """The one line --served-mode auto prints."""
+    lines = [line for line in result.output.splitlines() if "--served-mode auto chose" in line]
+    assert len(lines) == 1, result.output
+    return lines[0]
+
+
+@pytest.mark.slow
+def test_served_mode_auto_takes_logprobs_else_samples_and_refuses_a_server_with_neither(server, proxy, cache,
+                                                                                        tmp_path):
+    args = ["evaluate", "--model", f"openai:{ALIAS}", "--data", "seed", "--limit", "2", "--no-request-cache"]
+    direct = runner.invoke(app, [*args, "--base-url", server.base_url, "--out", str(tmp_path / "logprobs")])
+    assert direct.exit_code == 0, direct.output
+    assert auto_line(direct).endswith("chose logprobs (/completions returned top-5 logprobs of the next token)")
+    model = json.loads((tmp_path / "logprobs" / "score.json").read_text())["model"]
+    assert model["served"]["mode"] == "logprobs" and model["served_mode_probe"]["mode"] == "logprobs"
+    proxy.fault = "no_logprobs"
+    stripped = runner.invoke(app, [*args, "--base-url", proxy.base_url, "--samples", "2",
+                                   "--out", str(tmp_path / "sample")])
+    assert stripped.exit_code == 0, stripped.output
+    assert "chose sample (no logprobs (logprobs: " in auto_line(stripped) and "returned no logprobs" in stripped.output
+    score = json.loads((tmp_path / "sample" / "score.json").read_text())
+    assert score["model"]["served"] == {"host": proxy.base_url.split("/")[2], "mode": "sample", "samples": 2,
+                                        "temperature": 1.0}
+    assert score["usage"]["samples"] == 2 * 3 * 2  # 2 items, 3 option orders, 2 samples each
+    proxy.fault = "no_logprobs_no_text"
+    line = one_line_exit([*args, "--base-url", proxy.base_url, "--out", str(tmp_path / "neither")])
+    assert "--served-mode auto: " in line and "answers in none of the scoring modes (logprobs: " in line
+    assert "sample: " in line and "returned no text" in line and not (tmp_path / "neither").exists()
+
+
+@pytest.mark.slow
+def test_served_mode_auto_on_a_server_started_without_logits_all(cache, tmp_path):
+    with LlamaServer(embedded_gguf(), log=tmp_path / "server.log", logits_all=False) as bare:
+        args = ["evaluate", "--model", f"openai:{ALIAS}", "--base-url", bare.base_url, "--data", "seed", "--limit",
+                "1", "--samples", "2", "--no-request-cache"]
+        started = time.monotonic()
+        result = runner.invoke(app, [*args, "--out", str(tmp_path / "auto")])
+        assert result.exit_code == 0, result.output
+        assert time.monotonic() - started < 60 and "retry" not in result.output  # a refusal is not retried
+        line = auto_line(result)
+        assert "chose sample (no logprobs (logprobs: " in line
+        assert "logprobs is not supported for models created with logits_all=False" in line
+        asked = one_line_exit([*args, "--served-mode", "logprobs", "--out", str(tmp_path / "asked")])
+        assert "refused top_logprobs=5 (HTTP 500: logprobs is not supported" in asked and "--logits_all true" in asked
+
+
+@pytest.mark.slow
+def test_a_system_slot_reaches_the_server_as_a_system_message(proxy, cache, tmp_path):
+    out = tmp_path / "system"
+    result = runner.invoke(app, ["search", "--model", f"openai:{ALIAS}", "--base-url", proxy.base_url, "--limit", "2",
+                                 "--budget", "12", "--no-control", "--slot", "system", "--set", "scoring.mode=chat",
+                                 "--set", "operators=[{name: persona, n: 3}]", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "chose chat-logprobs" in auto_line(result)
+    score = json.loads((out / "score.json").read_text())
+    assert score["model"]["prompt_format"] == {"mode": "chat", "slot": "system", "chat_template": "the server's own"}
+    rows = [json.loads(line) for line in (out / "split.jsonl").read_text().splitlines()]
+    assert rows and all(r["slot"] == "system" for r in rows)
+    for row in rows:
+        turns = json.loads(row["prompt"].removesuffix("\nAnswer: ("))
+        expected = ([{"role": "system", "content": row["instruction"]}] if row["instruction"] else [])
+        assert turns[:-1] == expected and turns[-1]["role"] == "user" and turns[-1]["content"].startswith("Q: ")
+    systems = [b["messages"][0]["content"] for b in proxy.seen_bodies
+               if b.get("messages") and b["messages"][0]["role"] == "system"]
+    assert systems and all(b["messages"][-1] == {"role": "assistant", "content": "Answer: ("}
+                           for b in proxy.seen_bodies if b.get("messages"))
