@@ -16,6 +16,7 @@ import yaml
 
 from flexsearch.errors import FlexsearchError, InputError
 from flexsearch.objectives import SUCCESS_MARGIN
+from flexsearch.render import MODES, SLOTS
 from flexsearch.textfile import read_text
 
 METHODS = ("learned", "greedy", "beam", "evolutionary", "random")
@@ -177,8 +178,7 @@ _RANGES: dict[str, tuple[float, str]] = {  # setting → (least value, why)
 }
 _BELOW: dict[str, float] = {"success_margin": 1}  # setting → the value it must stay under
 _CHOICES: dict[str, tuple[str, ...]] = {"method": METHODS, "importance": ("leave_one_out", "gradient"),
-                                        "proposals": PROPOSALS, "scoring.mode": ("plain", "chat"),
-                                        "scoring.slot": ("user", "system")}
+                                        "proposals": PROPOSALS, "scoring.mode": MODES, "scoring.slot": SLOTS}
 
 
 def _type_error(value: Any, expected: Any) -> str | None:
