@@ -70,7 +70,8 @@ print("HEAVY", sorted(m for m in {heavy!r} if m in sys.modules))
 @pytest.mark.parametrize(("args", "code"), [
     (["list"], 0), (["--help"], 0), (["--version"], 0), (["search", "--help"], 0),
     (["search", "--config", "no-such-preset"], 2), (["search", "--budget", "x"], 2),
-    (["search", "--config", "{bomb}"], 2), (["search", "--set", "steps"], 2),
+    (["search", "--config", "{bomb}"], 2), (["search", "--set", "steps"], 2), (["search", "--slot", "system"], 2),
+    (["evaluate", "--data", "seed", "--slot", "system"], 2),
 ])
 def test_commands_that_need_no_model_import_no_model_library(tmp_path, args, code):
     """Printing names and refusing input answer at once: no torch, transformers, nltk... (issue 32)."""
@@ -82,3 +83,16 @@ def test_commands_that_need_no_model_import_no_model_library(tmp_path, args, cod
                          text=True, timeout=300, cwd=tmp_path)
     assert f"EXIT {code}" in out.stdout, out.stdout + out.stderr
     assert "HEAVY []" in out.stdout, out.stdout
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["search", "--slot", "system"], "--slot: field 'scoring.slot': system puts the attack in a system message"),
+    (["search", "--slot", "assistant"], "--slot: field 'scoring.slot': expected one of user, system, got 'assistant'"),
+    (["evaluate", "--data", "seed", "--slot", "system"], "--slot system puts the attack in a system message, which "
+                                                         "only chat prompts have"),
+    (["search", "--set", "scoring.slot=system"], "--set scoring.slot=system: field 'scoring.slot': system puts"),
+])
+def test_a_slot_without_chat_prompts_is_one_line(tmp_path, args, message):
+    result = runner.invoke(app, [*args, "--out", str(tmp_path / "run")])
+    assert result.exit_code == 2 and len(result.output.strip().splitlines()) == 1, result.output
+    assert message in result.output and not (tmp_path / "run").exists()
