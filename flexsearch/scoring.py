@@ -219,7 +219,8 @@ class InProcessBackend:
     ) -> None:
         self.target = target
         self.fmt = fmt or PromptFormat()
-        facts = format_facts(self.fmt, target.tokenizer, str(target.info["model"]))  # refuses a slot it lacks
+        model = str(target.info.get("model", "this model"))
+        facts = format_facts(self.fmt, target.tokenizer, model)  # refuses a system slot the template lacks
         self.info = {**target.info, "prompt_format": facts}
         self.batch_size = batch_size
         self.prefix_reuse = prefix_reuse
