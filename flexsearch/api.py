@@ -18,7 +18,6 @@ from flexsearch.attacks.constraints import editable_positions
 from flexsearch.audit import audit_rows
 from flexsearch.candidate import Candidate, chain_forced_choice, replay
 from flexsearch.config import (
-    SCORING_OPTION,
     Origins,
     ScoringConfig,
     SearchConfig,
@@ -26,6 +25,7 @@ from flexsearch.config import (
     config_dict,
     load_config,
     prompts_per_candidate,
+    scoring_options,
 )
 from flexsearch.errors import FlexsearchError, Interrupted
 from flexsearch.evaluation import (
@@ -240,8 +240,7 @@ def _search_config(config: str | SearchConfig, overrides: Sequence[str], **optio
         return load_config(config, list(overrides), **options)
     if overrides:
         raise FlexsearchError("overrides apply to a preset name or YAML path, not to a SearchConfig object")
-    given = {k: v for k, v in options.items() if v is not None}
-    scoring = {k.removeprefix(SCORING_OPTION): given.pop(k) for k in list(given) if k.startswith(SCORING_OPTION)}
+    given, scoring = scoring_options(options)
     return replace(config, **given, scoring=replace(config.scoring, **scoring))
 
 

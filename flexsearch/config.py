@@ -16,7 +16,7 @@ import yaml
 
 from flexsearch.errors import FlexsearchError, InputError
 from flexsearch.objectives import SUCCESS_MARGIN
-from flexsearch.render import MODES, SLOTS
+from flexsearch.render import MODES, SLOTS, SYSTEM_NEEDS_CHAT
 from flexsearch.textfile import read_text
 
 METHODS = ("learned", "greedy", "beam", "evolutionary", "random")
@@ -280,8 +280,7 @@ def _build(cls: type, data: dict[str, Any], origins: Origins) -> Any:
         values["scoring"] = ScoringConfig(**values["scoring"])
     config = cls(**values)
     if config.scoring.slot == "system" and config.scoring.mode != "chat":
-        raise origins.error("scoring.slot", "system puts the attack in a system message, which only chat prompts "
-                                            "have: set scoring.mode to chat too, or keep the slot user")
+        raise origins.error("scoring.slot", SYSTEM_NEEDS_CHAT)
     cost = prompts_per_candidate(config.scoring.average_orders)
     if config.budget < 2 * cost:
         raise origins.error("budget", f"{config.budget} cannot reach any operator: each candidate costs {cost} "
@@ -310,7 +309,14 @@ def apply_override(data: dict[str, Any], assignment: str) -> str:
     return key.strip()
 
 
-SCORING_OPTION = "scoring_"  # load_config's keyword for a scoring setting given as a CLI option
+SCORING_OPTION = "scoring_"  # the keyword of a scoring setting given as a CLI option (scoring_slot: --slot)
+
+
+def scoring_options(options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """CLI options that are given (not None), split into top-level settings and scoring settings."""
+    given = {k: v for k, v in options.items() if v is not None}
+    scoring = {k.removeprefix(SCORING_OPTION): given.pop(k) for k in list(given) if k.startswith(SCORING_OPTION)}
+    return given, scoring
 
 
 def load_config(preset: str | None = None, overrides: list[str] | None = None,
@@ -333,16 +339,13 @@ def load_config(preset: str | None = None, overrides: list[str] | None = None,
     for assignment in overrides or []:
         origins.set(apply_override(data, assignment), f"--set {assignment}")
     check_settings(SearchConfig, data, origins)  # a bad value is refused even where a CLI option overrides it
-    for key, value in cli.items():
-        if value is None:
-            continue
-        if key.startswith(SCORING_OPTION):  # scoring_slot=... is --slot, the setting scoring.slot
-            setting = key.removeprefix(SCORING_OPTION)
-            data.setdefault("scoring", {})[setting] = value
-            origins.set(f"scoring.{setting}", f"--{setting.replace('_', '-')}")
-        else:
-            data[key] = value
-            origins.set(key, f"--{key.replace('_', '-')}")
+    given, scoring = scoring_options(cli)
+    for key, value in given.items():
+        data[key] = value
+        origins.set(key, f"--{key.replace('_', '-')}")
+    for setting, value in scoring.items():
+        data.setdefault("scoring", {})[setting] = value
+        origins.set(f"scoring.{setting}", f"--{setting.replace('_', '-')}")
     return _build(SearchConfig, data, origins)
 
 

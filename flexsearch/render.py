@@ -17,6 +17,9 @@ if TYPE_CHECKING:
 LETTERS = ("A", "B", "C")
 MODES = ("plain", "chat")
 SLOTS = ("user", "system")  # where a chat prompt carries the attack's persona and instruction text
+# why slot 'system' needs chat mode (PromptFormat and the config checks say it after what names the setting)
+SYSTEM_NEEDS_CHAT = ("system puts the attack in a system message, which only chat prompts have: set scoring.mode "
+                     "to chat (--set scoring.mode=chat, or --mode chat), or keep the slot user")
 
 
 @dataclass(frozen=True)
@@ -33,8 +36,7 @@ class PromptFormat:
         if self.slot not in SLOTS:
             raise FlexsearchError(f"--slot: unknown slot '{self.slot}' (choose from {', '.join(SLOTS)})")
         if self.slot == "system" and self.mode != "chat":
-            raise FlexsearchError("--slot system puts the attack in a system message, which only chat prompts have: "
-                                  "add --set scoring.mode=chat (or --mode chat), or keep --slot user")
+            raise FlexsearchError(f"--slot {SYSTEM_NEEDS_CHAT}")
 
 
 def question_block(candidate: Candidate) -> str:
