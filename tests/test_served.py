@@ -484,10 +484,9 @@ def test_served_mode_auto_on_a_server_started_without_logits_all(cache, tmp_path
     with LlamaServer(embedded_gguf(), log=tmp_path / "server.log", logits_all=False) as bare:
         args = ["evaluate", "--model", f"openai:{ALIAS}", "--base-url", bare.base_url, "--data", "seed", "--limit",
                 "1", "--samples", "2", "--no-request-cache"]
-        started = time.monotonic()
         result = runner.invoke(app, [*args, "--out", str(tmp_path / "auto")])
         assert result.exit_code == 0, result.output
-        assert time.monotonic() - started < 60 and "retry" not in result.output  # a refusal is not retried
+        assert "retry" not in result.output  # a refusal is not retried (each retry prints a line)
         line = auto_line(result)
         assert "chose sample (no logprobs (logprobs: " in line
         assert "logprobs is not supported for models created with logits_all=False" in line
