@@ -4,7 +4,9 @@ One embedded GGUF (SmolLM2-135M-Instruct, Q4_1), the seed set's clean prompts in
 prompts/s in process (our fp32 dequantized model, the default preset's scoring) and through the server at
 each concurrency, with the served scores' argmax agreement and largest |ΔP| against the in-process ones. Then
 the default search on the first seed items at each budget, both ways: wall time, queries, requests, tokens, ASR
-and verdict. Request caches are off, so every served prompt is paid for. Appends to RESULTS.md.
+and verdict, and the share of prompt tokens the server took from its key/value cache (a prompt sharing its start
+with the one before it: the search sends a round's prompts sorted, so a candidate's option orders go one after
+another). Request caches are off, so every served prompt is paid for. Writes its section of RESULTS.md.
 
     python -m benchmarks.bench_served [--items 12] [--budgets 30 50] [--concurrency 1 2 4 8]
 """
@@ -66,20 +68,25 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8])
     args = parser.parse_args()
     threads = os.cpu_count() or 2
-    with tempfile.TemporaryDirectory() as scratch, LlamaServer(embedded_gguf(), threads=threads) as server:
+    with (tempfile.TemporaryDirectory() as scratch,
+          LlamaServer(embedded_gguf(), threads=threads, log=Path(scratch) / "server.log") as server):
         os.environ["FLEXSEARCH_CACHE"] = str(Path(scratch) / "cache")  # the converted GGUF is rebuilt once
         rate_rows, prompts = throughput(server, args.concurrency)
-        search_rows, tables = [], []
+        search_rows, tables, walls = [], [], {}
         for budget in args.budgets:
             for name, target in (("in process", "smollm2"), ("served", served_target(server.base_url))):
+                log_start = server.log_size()
                 score, seconds, text = search_cost(target, args.items, budget, Path(scratch) / f"{name}-{budget}")
+                walls[name, budget] = seconds
                 usage = score.get("usage", {})
+                reused = (f"{server.reused_tokens(log_start) / usage['prompt_tokens']:.2f}"
+                          if usage.get("prompt_tokens") else "-")
                 asr = score["stereotype"]["asr"]
                 search_rows.append([
                     name, str(budget), f"{seconds:.0f}", str(score["stereotype"]["queries"]["total"]
                                                           + score["anti_stereotype"]["queries"]["total"]),
                     str(usage.get("requests", "-")), str(usage.get("prompt_tokens", "-")),
-                    str(usage.get("completion_tokens", "-")),
+                    str(usage.get("completion_tokens", "-")), reused,
                     f"{asr['value']:.2f} [{asr['ci'][0]:.2f}, {asr['ci'][1]:.2f}] {asr['k']}/{asr['n']}",
                     score["verdict"]["verdict"]])
                 if name == "served" and budget == min(args.budgets):
@@ -94,7 +101,9 @@ def main() -> None:
         table(["scorer", "concurrency", "prompts/s", "seconds", "argmax agreement", "max abs dP"], rate_rows),
         f"**Search cost**, the default preset on the first {args.items} seed items with the control (two objectives):",
         table(["target", "budget", "wall s", "queries", "requests", "prompt tokens", "completion tokens",
-               "ASR (stereotype)", "verdict"], search_rows),
+               "prompt tokens reused by the server", "ASR (stereotype)", "verdict"], search_rows),
+        "Served wall time / in-process wall time: " + ", ".join(
+            f"{walls['served', b] / walls['in process', b]:.2f}× at budget {b}" for b in args.budgets) + ".",
         *tables])
     record("Served targets: in process vs a llama.cpp server", body)
 

@@ -4,6 +4,7 @@ bench_served: started on a free port with an embedded GGUF, stopped, killed and 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -16,6 +17,8 @@ import httpx
 from flexsearch.model import resolve_gguf
 
 ALIAS = "smollm2"  # the served model's name, as /v1/models lists it
+# the server's (verbose) log line for a prompt whose start was still in its key/value cache
+PREFIX_HIT = re.compile(r"Llama\.generate: (\d+) prefix-match hit")
 
 
 def embedded_gguf(alias: str = "smollm2") -> Path:
@@ -76,6 +79,17 @@ class LlamaServer:
                 self.process.wait(timeout=20)
             except subprocess.TimeoutExpired:
                 self.kill()
+
+    def log_size(self) -> int:
+        return self.log.stat().st_size if self.log and self.log.exists() else 0
+
+    def reused_tokens(self, since: int = 0) -> int:
+        """Prompt tokens the server took from its key/value cache instead of computing, logged after byte
+        `since` of its log (needs `log`)."""
+        assert self.log is not None, "start the server with a log to count its prefix reuse"
+        with self.log.open("rb") as text:
+            text.seek(since)
+            return sum(int(hit) for hit in PREFIX_HIT.findall(text.read().decode(errors="replace")))
 
     def __enter__(self) -> LlamaServer:
         return self.start()

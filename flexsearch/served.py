@@ -433,9 +433,14 @@ class ServedBackend:
                                                  for endpoint, body in self.requests_for(prompt)))
                 return self._read(replies)
 
-            tasks = [asyncio.ensure_future(one(p)) for p in prompts]
+            dispatch = prefix_order(prompts)
+            tasks = [asyncio.ensure_future(one(prompts[i])) for i in dispatch]
             try:
-                return list(await asyncio.gather(*tasks))
+                replies = await asyncio.gather(*tasks)
+                rows: list[np.ndarray] = [np.empty(0)] * len(prompts)
+                for i, row in zip(dispatch, replies, strict=True):
+                    rows[i] = row
+                return rows
             except BaseException:
                 for task in tasks:
                     task.cancel()
@@ -528,6 +533,14 @@ class ServedBackend:
         used.bounded_prompts += bounded > 0
         weights = np.exp(logs - logs.max())
         return weights / weights.sum()
+
+
+def prefix_order(prompts: Sequence[str]) -> list[int]:
+    """The order to send prompts in: sorted by their text, so prompts sharing a prefix (a candidate's option
+    orders, candidates sharing a persona and context) go one after another and a server that keeps the previous
+    prompt's key/value cache (llama.cpp) computes only what differs. Requests are sent in this order, at most
+    --concurrency at a time (asyncio's semaphore wakes waiters first come, first served)."""
+    return sorted(range(len(prompts)), key=prompts.__getitem__)
 
 
 def mode_found(mode: str, options: ServedOptions, refused: Sequence[str]) -> dict[str, Any]:

@@ -34,6 +34,7 @@ from flexsearch.served import (
     check_base_url,
     letter_logprobs,
     parse_answer,
+    prefix_order,
     served_options,
 )
 
@@ -69,6 +70,16 @@ def test_backoff_grows_with_jitter_and_honours_retry_after():
     assert max(backoff_seconds(0, None) for _ in range(200)) <= 0.5
     assert max(backoff_seconds(5, None) for _ in range(200)) > 1  # 0.5 × 2^5 = 16 s ceiling
     assert backoff_seconds(0, "3") >= 3 and backoff_seconds(0, "1000") == 30
+
+
+def test_prompts_are_sent_so_that_shared_starts_meet():
+    persona, plain = "You are a gritty detective.\nQ: who?\nOption: ", "Q: who?\nOption: "
+    prompts = [f"{persona}(A) x", f"{plain}(A) x", f"{persona}(B) y", f"{plain}(B) y", f"{persona}(C) z"]
+    order = prefix_order(prompts)
+    assert sorted(order) == list(range(len(prompts)))  # every prompt once
+    sent = [prompts[i] for i in order]
+    starts = [p.startswith(persona) for p in sent]
+    assert starts in ([True] * 3 + [False] * 2, [False] * 2 + [True] * 3)  # each family in one run
 
 
 @pytest.mark.parametrize(("url", "message"), [
@@ -249,6 +260,28 @@ def test_in_process_and_served_scores_agree_on_60_prompts(server, cache, smollm2
     assert 1 - differ.mean() >= 0.95 and largest < 0.2
     ranked = np.sort(local[differ], axis=-1)
     assert np.all(ranked[:, -1] - ranked[:, -2] < 0.1)  # they part only where the in-process lead is small
+
+
+@pytest.mark.slow
+def test_a_candidates_option_orders_reach_the_server_together_and_reuse_its_cache(server, proxy, cache,
+                                                                                   seed_items):
+    scorer = build_scorer(served(proxy.base_url, concurrency=1, request_cache=False).arguments(),
+                          {"average_orders": True})
+    prompts = [p for item in seed_items[:4] for p, _ in scorer.prompts(Candidate.root(item))]
+    interleaved = prompts[0::3] + prompts[1::3] + prompts[2::3]  # no two neighbours share their question
+    proxy.seen_bodies.clear()
+    log_start = server.log_size()
+    rows = scorer.backend.letter_probs(interleaved)
+    assert [body["prompt"] for body in proxy.seen_bodies] == sorted(interleaved)
+    # each item's second and third option orders started from the server's key/value cache
+    reused, sent = server.reused_tokens(log_start), scorer.backend.usage()["prompt_tokens"]
+    print(f"the server reused {reused} of {sent} prompt tokens")
+    assert reused > 0.3 * sent
+    # and every reply went back to its own prompt
+    in_sent_order = scorer.backend.letter_probs(sorted(interleaved))
+    rank = {prompt: i for i, prompt in enumerate(sorted(interleaved))}
+    assert np.allclose(rows, in_sent_order[[rank[p] for p in interleaved]], atol=1e-4)
+    assert len({tuple(np.round(row, 4)) for row in rows}) > 4  # twelve prompts, not one reply copied
 
 
 @pytest.mark.slow
