@@ -71,7 +71,7 @@ from flexsearch.runio import (
 )
 from flexsearch.scoring import Scorer, build_scorer, fit_context
 from flexsearch.search_loop import build_context, constraint_specs, proposable_arms, run_search
-from flexsearch.served import is_served, served_options
+from flexsearch.served import SERVED_DEFAULTS, is_served, served_options
 from flexsearch.split import load_split, split_csv_text, split_row
 
 
@@ -86,15 +86,15 @@ class Target:
     dtype: str | None = None
     trust_remote_code: bool = False
     # a served model's (flexsearch.served; the API key comes from FLEXSEARCH_API_KEY or OPENAI_API_KEY only)
-    base_url: str | None = None
-    served_mode: str | None = None  # auto (default: probed) | logprobs | chat-logprobs | sample
-    top_logprobs: int = 5
-    samples: int = 8
-    temperature: float = 1.0
-    concurrency: int = 4
-    request_timeout: float = 60.0
-    retries: int = 5
-    request_cache: bool = True
+    base_url: str | None = SERVED_DEFAULTS["base_url"]
+    served_mode: str | None = SERVED_DEFAULTS["served_mode"]  # auto (when None: probed) | logprobs | ... | sample
+    top_logprobs: int = SERVED_DEFAULTS["top_logprobs"]
+    samples: int = SERVED_DEFAULTS["samples"]
+    temperature: float = SERVED_DEFAULTS["temperature"]
+    concurrency: int = SERVED_DEFAULTS["concurrency"]
+    request_timeout: float = SERVED_DEFAULTS["request_timeout"]
+    retries: int = SERVED_DEFAULTS["retries"]
+    request_cache: bool = SERVED_DEFAULTS["request_cache"]
 
     def arguments(self) -> dict[str, Any]:
         """The model spec and its options (build_backend's argument; also what Ray workers receive)."""

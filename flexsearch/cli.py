@@ -15,6 +15,7 @@ import typer.core
 from typer._click import exceptions as click_errors  # typer 0.29 vendors click
 
 from flexsearch.errors import FlexsearchError, Interrupted, ServerUnavailable, os_error_line
+from flexsearch.served import SERVED_DEFAULTS
 
 
 class OneLineErrors(typer.core.TyperGroup):
@@ -112,10 +113,10 @@ def _target_parameters(trust_remote_code: bool) -> list[inspect.Parameter]:
                                            ("device", DeviceOpt, None), ("dtype", DtypeOpt, None)]
     if trust_remote_code:
         options.append(("trust_remote_code", TrustOpt, False))
-    options += [("base_url", BaseUrlOpt, None), ("served_mode", ServedModeOpt, None),
-                ("top_logprobs", TopLogprobsOpt, 5), ("samples", SamplesOpt, 8), ("temperature", TemperatureOpt, 1.0),
-                ("concurrency", ConcurrencyOpt, 4), ("request_timeout", TimeoutOpt, 60.0), ("retries", RetriesOpt, 5),
-                ("request_cache", CacheOpt, True)]
+    served = {"base_url": BaseUrlOpt, "served_mode": ServedModeOpt, "top_logprobs": TopLogprobsOpt,
+              "samples": SamplesOpt, "temperature": TemperatureOpt, "concurrency": ConcurrencyOpt,
+              "request_timeout": TimeoutOpt, "retries": RetriesOpt, "request_cache": CacheOpt}
+    options += [(name, served[name], default) for name, default in SERVED_DEFAULTS.items()]
     return [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
             for name, annotation, default in options]
 
