@@ -71,7 +71,8 @@ from flexsearch.runio import (
 )
 from flexsearch.scoring import Scorer, build_scorer, fit_context
 from flexsearch.search_loop import build_context, constraint_specs, proposable_arms, run_search
-from flexsearch.served import SERVED_DEFAULTS, is_served, served_options
+from flexsearch.served import is_served, served_options
+from flexsearch.served_defaults import SERVED_DEFAULTS
 from flexsearch.split import load_split, split_csv_text, split_row
 
 

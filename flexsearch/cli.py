@@ -15,7 +15,7 @@ import typer.core
 from typer._click import exceptions as click_errors  # typer 0.29 vendors click
 
 from flexsearch.errors import FlexsearchError, Interrupted, ServerUnavailable, os_error_line
-from flexsearch.served import SERVED_DEFAULTS
+from flexsearch.served_defaults import SERVED_DEFAULTS
 
 
 class OneLineErrors(typer.core.TyperGroup):

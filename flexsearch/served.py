@@ -44,6 +44,7 @@ from flexsearch.config import ScoringConfig
 from flexsearch.errors import FlexsearchError, ServerUnavailable
 from flexsearch.model import TargetModel, cache_root
 from flexsearch.render import LETTERS, PromptFormat, chat_turns, render
+from flexsearch.served_defaults import SERVED_DEFAULTS
 
 T = TypeVar("T")
 SERVED_PREFIX = "openai:"
@@ -55,10 +56,6 @@ PROBE_PROMPT = "Q: Which letter comes first?\nOption: (A) A\n(B) B\n(C) C"  # ch
 SAMPLE_MAX_TOKENS = 16  # enough for "(B) the grandson" or "The answer is C"
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
 MAX_BACKOFF_S = 30.0
-# Served-target options (api.Target fields) and their defaults; the CLI's --served-mode, --top-logprobs...
-SERVED_DEFAULTS: dict[str, Any] = {"base_url": None, "served_mode": None, "top_logprobs": 5, "samples": 8,
-                                   "temperature": 1.0, "concurrency": 4, "request_timeout": 60.0, "retries": 5,
-                                   "request_cache": True}
 
 
 def is_served(spec: str) -> bool:
@@ -392,10 +389,9 @@ class ServedBackend:
     def letter_probs(self, prompts: Sequence[str]) -> np.ndarray:
         started = time.perf_counter()
         try:
-            rows = run_to_completion(self._score_all(prompts))
+            return run_to_completion(self._score_all(prompts))
         finally:
             self.usage_so_far.request_seconds += time.perf_counter() - started
-        return np.array(rows, dtype=np.float64).reshape(len(prompts), 3)
 
     # -- requests
 
@@ -425,7 +421,7 @@ class ServedBackend:
             body["logprobs"] = options.top_logprobs
         return [(endpoint, body)]
 
-    async def _score_all(self, prompts: Sequence[str]) -> list[np.ndarray]:
+    async def _score_all(self, prompts: Sequence[str]) -> np.ndarray:
         limit = asyncio.Semaphore(self.options.concurrency)
         async with httpx.AsyncClient(timeout=self.options.request_timeout, headers=self._headers) as client:
             async def one(prompt: str) -> np.ndarray:
@@ -436,10 +432,9 @@ class ServedBackend:
             dispatch = prefix_order(prompts)
             tasks = [asyncio.ensure_future(one(prompts[i])) for i in dispatch]
             try:
-                replies = await asyncio.gather(*tasks)
-                rows: list[np.ndarray] = [np.empty(0)] * len(prompts)
-                for i, row in zip(dispatch, replies, strict=True):
-                    rows[i] = row
+                replies = np.reshape(await asyncio.gather(*tasks), (len(prompts), 3))
+                rows = np.empty_like(replies)
+                rows[dispatch] = replies  # each reply back to its prompt's place
                 return rows
             except BaseException:
                 for task in tasks:
