@@ -14,30 +14,28 @@ Writes its section of RESULTS.md.
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from benchmarks.common import markdown_table, record
 from flexsearch.differences import rate_difference
-from flexsearch.items import load_items
+from flexsearch.items import Item, load_items
 from flexsearch.metrics import with_interval
 from flexsearch.objectives import attack_eligible, get_objective
+from flexsearch.runio import read_json, read_trace
 
 MODELS = ["gemma3-bbq", "gemma3-bbq-fair", "gemma3-bbq-planted", "gemma3-bbq-manipulable"]
 
 
-def outcomes(run: Path, objective: str, ids: list[str], items: dict, margin: float) -> tuple[np.ndarray, np.ndarray]:
-    """(success, eligible) per item id, from the run's trace as the search recorded it."""
-    records = {}
-    for line in (run / "trace.jsonl").read_text(encoding="utf-8").splitlines():
-        record_ = json.loads(line)
-        if record_.get("kind") == "item" and record_["objective"] == objective:
-            records[record_["item_id"]] = record_
+def outcomes(records: list[dict[str, Any]], objective: str, ids: list[str], items: dict[str, Item],
+             margin: float) -> tuple[np.ndarray, np.ndarray]:
+    """(success, eligible) per item id toward `objective`, from a run's trace records as the search wrote them."""
+    found = {r["item_id"]: r for r in records if r["objective"] == objective}
     aim = get_objective(objective, margin)
-    eligible = np.array([attack_eligible(aim, items[i], np.array(records[i]["clean_probs"])) for i in ids])
-    return np.array([bool(records[i]["success"]) for i in ids]), eligible
+    eligible = np.array([attack_eligible(aim, items[i], np.array(found[i]["clean_probs"])) for i in ids])
+    return np.array([bool(found[i]["success"]) for i in ids]), eligible
 
 
 def rate(success: np.ndarray, eligible: np.ndarray) -> float:
@@ -53,10 +51,10 @@ def main() -> None:
     rows, disagree = [], 0
     for alias in args.models:
         run = args.runs / alias
-        margin = json.loads((run / "score.json").read_text(encoding="utf-8"))["success_margin"]
-        ids = sorted(items)
-        main_s, main_e = outcomes(run, "stereotype", ids, items, margin)
-        ctrl_s, ctrl_e = outcomes(run, "anti_stereotype", ids, items, margin)
+        margin = read_json(run / "score.json")["success_margin"]
+        records, ids = read_trace(run / "trace.jsonl"), sorted(items)
+        main_s, main_e = outcomes(records, "stereotype", ids, items, margin)
+        ctrl_s, ctrl_e = outcomes(records, "anti_stereotype", ids, items, margin)
         categories = np.array([items[i].category for i in ids])
         for category in sorted(set(categories)):
             m = categories == category
