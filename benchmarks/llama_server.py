@@ -1,5 +1,6 @@
-"""A llama.cpp server (llama-cpp-python's OpenAI-compatible one) on 127.0.0.1 for the served-target tests and
-bench_served: started on a free port with an embedded GGUF, stopped, killed and restarted on the same port."""
+"""A llama.cpp server on 127.0.0.1 for the served-target tests and bench_served: llama-cpp-python's OpenAI-compatible
+one (`LlamaServer`), or llama.cpp's own `llama-server` binary (`LlamaCppServer`, bench_served --llama-server),
+started on a free port with an embedded GGUF, stopped, killed and restarted on the same port."""
 
 from __future__ import annotations
 
@@ -47,10 +48,13 @@ class LlamaServer:
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}/v1"
 
+    def command(self) -> list[str]:
+        return [sys.executable, "-m", "llama_cpp.server", "--model", str(self.gguf), "--model_alias", ALIAS,
+                "--host", "127.0.0.1", "--port", str(self.port), "--n_ctx", "2048", "--n_threads",
+                str(self.threads), "--logits_all", "true" if self.logits_all else "false"]
+
     def start(self, timeout_s: float = 120) -> LlamaServer:
-        command = [sys.executable, "-m", "llama_cpp.server", "--model", str(self.gguf), "--model_alias", ALIAS,
-                   "--host", "127.0.0.1", "--port", str(self.port), "--n_ctx", "2048", "--n_threads",
-                   str(self.threads), "--logits_all", "true" if self.logits_all else "false"]
+        command = self.command()
         output = self.log.open("ab") if self.log else subprocess.DEVNULL
         self.process = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + timeout_s
@@ -83,7 +87,7 @@ class LlamaServer:
     def log_size(self) -> int:
         return self.log.stat().st_size if self.log and self.log.exists() else 0
 
-    def reused_tokens(self, since: int = 0) -> int:
+    def reused_tokens(self, since: int = 0) -> int | None:
         """Prompt tokens the server took from its key/value cache instead of computing, logged after byte
         `since` of its log (needs `log`)."""
         assert self.log is not None, "start the server with a log to count its prefix reuse"
@@ -96,3 +100,25 @@ class LlamaServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+class LlamaCppServer(LlamaServer):
+    """llama.cpp's own `llama-server` binary (`make setup-llama-server` builds it into the environment): it returns
+    the next token's top-k logprobs from the last position's logits alone, keeps each slot's key/value cache
+    between requests (`cache_prompt`, on by default) and picks the slot whose cached prompt shares the most with
+    a new one. One slot per concurrent request the client sends."""
+
+    def __init__(self, binary: Path, gguf: Path, port: int | None = None, threads: int = 2, log: Path | None = None,
+                 slots: int = 4) -> None:
+        super().__init__(gguf, port, threads, log)
+        self.binary, self.slots = binary, slots
+
+    def command(self) -> list[str]:
+        return [str(self.binary), "--model", str(self.gguf), "--alias", ALIAS, "--host", "127.0.0.1", "--port",
+                str(self.port), "--ctx-size", str(2048 * self.slots), "--parallel", str(self.slots), "--threads",
+                str(self.threads), "--no-webui"]
+
+    def reused_tokens(self, since: int = 0) -> int | None:
+        """None: llama-server reports its cache reuse in each reply (usage `prompt_tokens_details.cached_tokens`,
+        score.json usage `cached_prompt_tokens`), not in its log."""
+        return None

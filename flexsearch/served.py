@@ -245,6 +245,7 @@ class Usage:
     cache_hits: int = 0
     retries: int = 0
     prompt_tokens: int = 0
+    cached_prompt_tokens: int = 0  # of those, what the server reports it took from its key/value cache
     completion_tokens: int = 0
     request_seconds: float = 0.0  # wall time spent waiting for batches of requests
     bounded_prompts: int = 0  # logprob modes: a letter missing from the top-k, bounded by the smallest logprob
@@ -267,7 +268,8 @@ class Usage:
 
     def to_dict(self, mode: str) -> dict[str, Any]:
         found: dict[str, Any] = {"requests": self.requests, "cache_hits": self.cache_hits, "retries": self.retries,
-                                 "prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
+                                 "prompt_tokens": self.prompt_tokens, "cached_prompt_tokens": self.cached_prompt_tokens,
+                                 "completion_tokens": self.completion_tokens,
                                  "request_seconds": round(self.request_seconds, 2)}
         if mode == "sample":
             samples = sum(self.answers.values())
@@ -466,6 +468,9 @@ class ServedBackend:
                 self.usage_so_far.requests += 1
                 used = reply.get("usage") or {}
                 self.usage_so_far.prompt_tokens += int(used.get("prompt_tokens") or 0)
+                # OpenAI's field, which llama.cpp's llama-server and vLLM fill in; llama-cpp-python's server does not
+                details = used.get("prompt_tokens_details") or {}
+                self.usage_so_far.cached_prompt_tokens += int(details.get("cached_tokens") or 0)
                 self.usage_so_far.completion_tokens += int(used.get("completion_tokens") or 0)
                 kept = {"choices": reply["choices"]}
                 self._cache.put(key, kept)

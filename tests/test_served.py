@@ -1,6 +1,7 @@
 """Served targets (flexsearch.served): reading answers, the options' checks, and a real llama.cpp server
-(llama-cpp-python, installed by `make setup`) serving the embedded SmolLM2 GGUF: evaluate and search through it,
-agreement with in-process scoring, a server killed mid-search and restarted, a 429 burst, faults and bad input."""
+(llama-cpp-python's, installed by `make setup-served`) serving the embedded SmolLM2 GGUF: evaluate and search through
+it, agreement with in-process scoring, a server killed mid-search and restarted, a 429 burst, faults and bad input;
+then llama.cpp's own `llama-server` (`make setup-llama-server`) found and read as the README says."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from benchmarks.llama_server import ALIAS, LlamaServer, embedded_gguf, free_port
+from benchmarks.llama_server import ALIAS, LlamaCppServer, LlamaServer, embedded_gguf, free_port
 from flexsearch import api
 from flexsearch.candidate import Candidate
 from flexsearch.cli import app
@@ -548,3 +549,38 @@ def test_a_system_slot_reaches_the_server_as_a_system_message(proxy, cache, tmp_
                if b.get("messages") and b["messages"][0]["role"] == "system"]
     assert systems and all(b["messages"][-1] == {"role": "assistant", "content": "Answer: ("}
                            for b in proxy.seen_bodies if b.get("messages"))
+
+
+# ---------------------------------------------------------------- with llama.cpp's own llama-server
+
+
+@pytest.mark.slow
+def test_llama_cpp_server_is_found_to_give_logprobs_and_scores_like_in_process(cache, tmp_path, smollm2, seed_items):
+    """llama.cpp's `llama-server` (`make setup-llama-server`), as the README tells users to start it: auto finds
+    next-token logprobs without any flag, the client reads its replies, and the scores agree with ours."""
+    binary = Path(sys.executable).parent / "llama-server"
+    if not binary.is_file():
+        pytest.fail(f"no {binary}: run `make setup-llama-server` (README, 'Served models')")
+    with LlamaCppServer(binary, embedded_gguf(), log=tmp_path / "server.log", slots=2) as running:
+        result = runner.invoke(app, ["evaluate", "--model", f"openai:{ALIAS}", "--base-url", running.base_url,
+                                     "--data", "seed", "--limit", "2", "--out", str(tmp_path / "auto")])
+        assert result.exit_code == 0, result.output
+        assert "chose logprobs (/completions returned top-5 logprobs of the next token)" in auto_line(result)
+        usage = json.loads((tmp_path / "auto" / "score.json").read_text())["usage"]
+        # an item's option orders share their start: the server says it took that from its cache
+        assert 0 < usage["cached_prompt_tokens"] < usage["prompt_tokens"]
+        chat = runner.invoke(app, ["search", "--model", f"openai:{ALIAS}", "--base-url", running.base_url,
+                                   "--limit", "1", "--budget", "6", "--no-control", "--set", "scoring.mode=chat",
+                                   "--out", str(tmp_path / "chat")])
+        assert chat.exit_code == 0, chat.output
+        assert "chose chat-logprobs (/chat/completions returned top-5 logprobs" in auto_line(chat)
+        candidates = [Candidate.root(item) for item in seed_items[:10]]
+        local = Scorer.in_process(smollm2, average_orders=True).score(candidates).letters.reshape(-1, 3)
+        remote = build_scorer(served(running.base_url).arguments(), {"average_orders": True})
+        letters = remote.score(candidates).letters.reshape(-1, 3)
+    differ = local.argmax(-1) != letters.argmax(-1)
+    largest = float(np.abs(local - letters).max())
+    print(f"llama-server: argmax agreement {1 - differ.mean():.3f} on 30 prompts, max |dP| {largest:.4f}")
+    assert len(letters) == 30 and 1 - differ.mean() >= 0.85 and largest < 0.2  # quantised kernels: close, not equal
+    ranked = np.sort(local[differ], axis=-1)
+    assert np.all(ranked[:, -1] - ranked[:, -2] < 0.1)  # they part only where the in-process lead is small
