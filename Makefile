@@ -72,7 +72,7 @@ LLAMA_SERVER_FLAGS := -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF -DGGML_
 	-DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_UI=OFF \
 	-DLLAMA_USE_PREBUILT_UI=OFF
 $(BIN)/llama-server: $(BIN)/flexsearch
-	@echo "setup: llama.cpp's llama-server (built from source, about 6 minutes)"
+	@echo "setup: llama.cpp's llama-server (built from source, about 7 minutes)"
 	@scratch=$$(mktemp -d) && trap 'rm -rf "$$scratch"' EXIT && \
 	$(BIN)/pip download -q --no-deps --no-binary :all: -d "$$scratch" "llama-cpp-python==0.3.36" $(QUIET) && \
 	tar xzf "$$scratch"/llama_cpp_python-0.3.36.tar.gz -C "$$scratch" && \
