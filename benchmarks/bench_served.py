@@ -9,7 +9,7 @@ with the one before it: the search sends a round's prompts sorted, so a candidat
 another). Request caches are off, so every served prompt is paid for. Writes its section of RESULTS.md.
 
     python -m benchmarks.bench_served [--items 12] [--budgets 30 50] [--concurrency 1 2 4 8]
-    python -m benchmarks.bench_served --llama-server .venv/bin/llama-server    # llama.cpp's own server instead
+    python -m benchmarks.bench_served --llama-server .venv/bin/llama-server [--slots 1]   # llama.cpp's own server
 
 The first serves the GGUF with llama-cpp-python's server (`make setup-served`), which needs logits for every
 prompt position to return any logprobs; the second with llama.cpp's `llama-server` (`make setup-llama-server`),
@@ -19,11 +19,14 @@ which computes the last position's alone. Each writes its own section.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
 
 from benchmarks.common import record, roots, timed
@@ -39,7 +42,7 @@ def served_target(base_url: str, concurrency: int = 4) -> api.Target:
     return api.Target(f"openai:{ALIAS}", base_url=base_url, concurrency=concurrency, request_cache=False)
 
 
-def throughput(server: LlamaServer, concurrency: list[int]) -> tuple[list[list[str]], int]:
+def throughput(server: LlamaServer, concurrency: list[int]) -> tuple[list[list[str]], list[str]]:
     items = load_items("seed").items
     scoring = load_config("default").scoring
     local_scorer = Scorer.from_config(load_target("smollm2", device="cpu"), scoring)
@@ -53,7 +56,39 @@ def throughput(server: LlamaServer, concurrency: list[int]) -> tuple[list[list[s
         rows.append([f"llama.cpp server (Q4_1, {server.threads} threads)", str(level),
                      f"{len(prompts) / seconds:.1f}", f"{seconds:.1f}", f"{agree:.3f}",
                      f"{np.abs(local - remote).max():.3f}"])
-    return rows, len(prompts)
+    return rows, prompts
+
+
+def prompt_lists(server: LlamaServer, prompts: list[str], sizes: tuple[int, ...] = (1, 8, 24),
+                 concurrency: int = 4) -> list[list[str]]:
+    """The clean prompts, sorted, sent straight to /completions `size` to a request (a prompt list above 1; llama-server
+    answers one choice per prompt), `concurrency` requests at a time, after one unrecorded pass that warms the cache:
+    seconds, choices, and the prompt and cached tokens the replies report."""
+    ordered = sorted(prompts)
+
+    async def send(size: int) -> tuple[float, list[dict[str, Any]]]:
+        limit = asyncio.Semaphore(concurrency)
+        async with httpx.AsyncClient(base_url=server.base_url, timeout=300) as client:
+            async def one(chunk: list[str]) -> dict[str, Any]:
+                async with limit:
+                    body = {"model": ALIAS, "prompt": chunk if size > 1 else chunk[0], "max_tokens": 1,
+                            "temperature": 0.0, "logprobs": 5}
+                    reply: dict[str, Any] = (await client.post("/completions", json=body)).json()
+                    return reply
+            chunks = [ordered[i : i + size] for i in range(0, len(ordered), size)]
+            started = time.perf_counter()
+            replies = await asyncio.gather(*map(one, chunks))
+            return time.perf_counter() - started, list(replies)
+
+    asyncio.run(send(1))
+    rows = []
+    for size in sizes:
+        seconds, replies = asyncio.run(send(size))
+        used = [r.get("usage") or {} for r in replies]
+        rows.append([str(size), f"{seconds:.1f}", str(sum(len(r["choices"]) for r in replies)),
+                     str(sum(u.get("prompt_tokens", 0) for u in used)),
+                     str(sum((u.get("prompt_tokens_details") or {}).get("cached_tokens", 0) for u in used))])
+    return rows
 
 
 def search_cost(target: api.Target | str, items: int, budget: int, out: Path) -> tuple[dict[str, Any], float, str]:
@@ -73,6 +108,8 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8])
     parser.add_argument("--llama-server", type=Path, help="llama.cpp's llama-server binary to serve the GGUF with, "
                         "instead of llama-cpp-python's server")
+    parser.add_argument("--slots", type=int, default=1, help="llama-server's --parallel (default 1, as the README "
+                        "starts it)")
     args = parser.parse_args()
     threads = os.cpu_count() or 2
     with tempfile.TemporaryDirectory() as scratch:
@@ -80,8 +117,8 @@ def main() -> None:
         os.environ["FLEXSEARCH_CACHE"] = str(Path(scratch) / "cache")  # the converted GGUF is rebuilt once
         if args.llama_server:
             server: LlamaServer = LlamaCppServer(args.llama_server, embedded_gguf(), threads=threads, log=log,
-                                                 slots=max(args.concurrency))
-            served_by = (f"llama.cpp's own server (`llama-server --parallel {max(args.concurrency)}`, built from the "
+                                                 slots=args.slots)
+            served_by = (f"llama.cpp's own server (`llama-server --parallel {args.slots}`, built from the "
                          "llama.cpp that llama-cpp-python 0.3.36 vendors, its prompt cache on as by default)")
             title = "Served targets: in process vs llama.cpp's llama-server"
         else:
@@ -97,6 +134,7 @@ def main() -> None:
 def measured(args: argparse.Namespace, server: LlamaServer, scratch: Path) -> str:
     """Throughput, then the search at each budget in process and served: the section's tables."""
     rate_rows, prompts = throughput(server, args.concurrency)
+    lists = prompt_lists(server, prompts) if isinstance(server, LlamaCppServer) else None
     search_rows, tables, walls = [], [], {}
     for budget in args.budgets:
         for name, target in (("in process", "smollm2"), ("served", served_target(server.base_url))):
@@ -120,9 +158,14 @@ def measured(args: argparse.Namespace, server: LlamaServer, scratch: Path) -> st
                 tables.append(f"The served search at budget {budget} as `flexsearch search` prints it:\n\n"
                               f"```\n{text}\n```")
     return "\n\n".join([
-        f"**Scoring throughput**, {prompts} prompts (the 72 seed items' clean prompts in 3 option orders), agreement "
-        "of the served argmax with the in-process one and the largest |ΔP| over the three letters:",
+        f"**Scoring throughput**, {len(prompts)} prompts (the 72 seed items' clean prompts in 3 option orders), "
+        "agreement of the served argmax with the in-process one and the largest |ΔP| over the three letters:",
         table(["scorer", "concurrency", "prompts/s", "seconds", "argmax agreement", "max abs dP"], rate_rows),
+        *(["**Several prompts per request**: the same prompts, sorted, sent straight to /completions with `prompt` "
+           "a list of this many (1: a string), four requests at a time, after a pass that warms the server's cache; "
+           "the prompt and cached tokens the replies report:",
+           table(["prompts per request", "seconds", "choices", "prompt tokens reported", "cached tokens reported"],
+                 lists)] if lists else []),
         f"**Search cost**, the default preset on the first {args.items} seed items with the control (two objectives):",
         table(["target", "budget", "wall s", "queries", "requests", "prompt tokens", "completion tokens",
                "prompt tokens reused by the server", "ASR (stereotype)", "verdict"], search_rows),

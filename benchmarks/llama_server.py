@@ -104,12 +104,13 @@ class LlamaServer:
 
 class LlamaCppServer(LlamaServer):
     """llama.cpp's own `llama-server` binary (`make setup-llama-server` builds it into the environment): it returns
-    the next token's top-k logprobs from the last position's logits alone, keeps each slot's key/value cache
-    between requests (`cache_prompt`, on by default) and picks the slot whose cached prompt shares the most with
-    a new one. One slot per concurrent request the client sends."""
+    the next token's top-k logprobs from the last position's logits alone and keeps each slot's key/value cache
+    between requests (`cache_prompt`, on by default). One slot by default, as the README starts it: the client's
+    sorted prompts then queue on one cache, each reusing the start it shares with the one before (several slots
+    spread a candidate's option orders over several caches; RESULTS "Served targets: ... llama-server")."""
 
     def __init__(self, binary: Path, gguf: Path, port: int | None = None, threads: int = 2, log: Path | None = None,
-                 slots: int = 4) -> None:
+                 slots: int = 1) -> None:
         super().__init__(gguf, port, threads, log)
         self.binary, self.slots = binary, slots
 

@@ -42,14 +42,16 @@ class Observation:
     lift: float  # the aim's lead minus the clean prompt's
     success: bool  # met the objective with the margin
     valid: bool  # natural text without a forced-choice template: a label-valid prompt
+    replaced: str = ""  # the templates the added arms took the slots of, '+'-joined ('' when none)
 
     def to_list(self) -> list[Any]:
-        return [self.arm, self.composition, self.gain, self.lift, self.success, self.valid]
+        return [self.arm, self.composition, self.gain, self.lift, self.success, self.valid, self.replaced]
 
     @classmethod
     def from_list(cls, data: Sequence[Any]) -> Observation:
-        arm, composition, gain, lift, success, valid = data
-        return cls(str(arm), str(composition), float(gain), float(lift), bool(success), bool(valid))
+        arm, composition, gain, lift, success, valid, *replaced = data  # older traces have no `replaced`
+        return cls(str(arm), str(composition), float(gain), float(lift), bool(success), bool(valid),
+                   str(replaced[0]) if replaced else "")
 
 
 def edit_arm(operator: str, args: Mapping[str, Any]) -> str:
@@ -113,10 +115,14 @@ class Learner:
 
     def observe(self, observation: Observation) -> None:
         """Adds one scored candidate: each arm that made it (and the arm's ancestors) learns an equal share of its
-        gain, so a candidate's expected gain is the sum over its edits; a composition of two or more templates
-        learns its lift over the clean prompt (the weak-spots ranking and the transfer check read it)."""
+        gain plus the expected gain of the templates it replaced (their current means). A template swapped in for
+        another thus learns its own effect, not its effect minus the one it displaced, which is what the ranking's
+        added-minus-replaced expects; without it a template tried mostly as a swap for the leader looks weak and
+        the leader is never challenged. A composition of two or more templates learns its lift over the clean
+        prompt (the weak-spots ranking and the transfer check read it)."""
         added = composition_parts(observation.arm)
-        gain = observation.gain / max(len(added), 1)
+        restored = sum(self.mean(arm) for arm in composition_parts(observation.replaced))
+        gain = (observation.gain + restored) / max(len(added), 1)
         for part in added:
             arm: str | None = part
             while arm is not None:

@@ -151,7 +151,8 @@ class ItemState:
             clean = self.scored[prompt_key(Candidate.root(self.item))]
             observation = Observation("+".join(added_arms(candidate, ancestor)), composition_of(candidate),
                                       aim_lead - self.scored[prompt_key(ancestor)], aim_lead - clean, success,
-                                      candidate.natural and not candidate.forced_choice)
+                                      candidate.natural and not candidate.forced_choice,
+                                      "+".join(replaced_arms(candidate, ancestor)))
             self.observations.append(observation)
             self.learner.observe(observation)
         self.scored[prompt_key(candidate)] = aim_lead

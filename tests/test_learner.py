@@ -43,6 +43,26 @@ def test_an_observation_teaches_its_arm_family_and_operator_and_a_composition_it
     assert Learner.from_dict(json.loads(json.dumps(learner.to_dict()))) == learner
 
 
+def test_a_template_swapped_in_for_another_learns_its_own_effect_not_the_difference():
+    learner = Learner()
+    for _ in range(8):  # the leader, added to clean prompts, gains 0.6 each time
+        learner.observe(Observation("instruction/fictional_framing/0", "instruction/fictional_framing/0", 0.6, 0.6,
+                                    False, True))
+    leader = learner.mean("instruction/fictional_framing/0")
+    # Swapped in for the leader, a template that does as well gains nothing over it: it learns the leader's effect.
+    swap = Observation("instruction/fake_majority/0", "instruction/fake_majority/0", 0.0, 0.6, False, True,
+                       replaced="instruction/fictional_framing/0")
+    learner.observe(swap)
+    assert learner.arms["instruction/fake_majority/0"].gain_sum == pytest.approx(leader)
+    # Without the template it replaced, the same gain would have taught it nothing.
+    bare = Learner()
+    bare.observe(Observation("instruction/fake_majority/0", "instruction/fake_majority/0", 0.0, 0.6, False, True))
+    assert bare.arms["instruction/fake_majority/0"].gain_sum == 0.0
+    # The trace keeps what was replaced; a trace written before it was kept reads as replacing nothing.
+    assert Observation.from_list(json.loads(json.dumps(swap.to_list()))) == swap
+    assert Observation.from_list(swap.to_list()[:6]).replaced == ""
+
+
 def test_a_learned_draw_favours_what_paid_and_still_explores():
     learner = Learner()
     for _ in range(20):
@@ -102,6 +122,11 @@ def test_a_run_writes_its_learner_and_weak_spots_and_a_prior_warm_starts_another
         assert any(r["observations"] for r in records)
         assert state["objectives"][objective]["items"] == 8
         assert Learner.from_dict(state["objectives"][objective]) == rebuilt(None, records)
+        # a template swapped in names the one whose slot it took (the same operator's: persona for persona)
+        swaps = [o for r in records for o in map(Observation.from_list, r["observations"]) if o.replaced]
+        assert swaps and all({a.split("/")[0] for a in o.replaced.split("+")} <= {a.split("/")[0]
+                                                                                  for a in o.arm.split("+")}
+                             for o in swaps)
     score = json.loads((tmp_path / "first" / "score.json").read_text())
     spots = score["weak_spots"]
     assert spots["overall"] and all({"key", "kind", "broke"} <= set(s) for s in spots["overall"])

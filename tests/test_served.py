@@ -561,7 +561,7 @@ def test_llama_cpp_server_is_found_to_give_logprobs_and_scores_like_in_process(c
     binary = Path(sys.executable).parent / "llama-server"
     if not binary.is_file():
         pytest.fail(f"no {binary}: run `make setup-llama-server` (README, 'Served models')")
-    with LlamaCppServer(binary, embedded_gguf(), log=tmp_path / "server.log", slots=2) as running:
+    with LlamaCppServer(binary, embedded_gguf(), log=tmp_path / "server.log") as running:
         result = runner.invoke(app, ["evaluate", "--model", f"openai:{ALIAS}", "--base-url", running.base_url,
                                      "--data", "seed", "--limit", "2", "--out", str(tmp_path / "auto")])
         assert result.exit_code == 0, result.output
