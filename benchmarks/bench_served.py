@@ -36,6 +36,7 @@ from flexsearch.config import load_config
 from flexsearch.items import load_items
 from flexsearch.model import load_target
 from flexsearch.scoring import Scorer, build_scorer
+from flexsearch.served import prefix_order
 
 
 def served_target(base_url: str, concurrency: int = 4) -> api.Target:
@@ -64,7 +65,7 @@ def prompt_lists(server: LlamaServer, prompts: list[str], sizes: tuple[int, ...]
     """The clean prompts, sorted, sent straight to /completions `size` to a request (a prompt list above 1; llama-server
     answers one choice per prompt), `concurrency` requests at a time, after one unrecorded pass that warms the cache:
     seconds, choices, and the prompt and cached tokens the replies report."""
-    ordered = sorted(prompts)
+    ordered = [prompts[i] for i in prefix_order(prompts)]  # the client's own dispatch order
 
     async def send(size: int) -> tuple[float, list[dict[str, Any]]]:
         limit = asyncio.Semaphore(concurrency)
