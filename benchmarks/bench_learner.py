@@ -193,6 +193,13 @@ def report(args: argparse.Namespace, items: list[Item], folder: Path) -> None:
     lines += table(header, rows)
     if marked:
         lines.append("† read from the learned run at the next larger searched budget (its first successes).")
+    if "learned" in methods:
+        run, _ = best_run("learned", top)
+        screened = sum(r.get("screened", 0) for r in run["records"])
+        candidates = sum(len(r["observations"]) for r in run["records"])
+        lines.append(f"\nThe learned run at budget {top} scored {candidates} candidates; its screen (DESIGN.md, "
+                     f"\"The learner\", Screen) scored {screened} of them in their displayed order only (1 query "
+                     "instead of 3).")
     for other in ("random", "beam", "prior"):
         if "learned" not in methods or other not in methods:
             continue
@@ -226,7 +233,8 @@ def report(args: argparse.Namespace, items: list[Item], folder: Path) -> None:
                         for s in spots["overall"]])
         lines += transfer(learned, items, eligible, scorer, runs, best_run)
         lines += ten_prompts(learned, items, scorer, args.seed)
-    record(f"Learned search vs its baselines on {len(items)} held-out items (issue 31)", "\n".join(lines))
+    title = f"Learned search vs its baselines on {len(items)} held-out items (issue 31{args.section})"
+    record(title, "\n".join(lines))
 
 
 SAMPLED_BATCHES = (1, 2, 4, 8, 17)  # candidates scored per step until a success: 32, budget 99 with the clean
@@ -295,7 +303,7 @@ def transfer(learned: dict[str, Any], items: list[Item], eligible: np.ndarray, s
     rows = []
     single = apply_whole(singles[:1], rest, scorer, 1, "stereotype")[keep]
     rows.append(["best single fixed template (1 candidate, 3 queries)", rate(single)])
-    random_run, _ = best_run("random", 100)
+    random_run, _ = best_run("random", 3 * 3 + 3)  # its first three candidates after the clean prompt
     for count in (1, 3):
         hits = apply_whole(keys, rest, scorer, count, "stereotype")[keep]
         rand = successes_at({"records": random_run["records"][half:]}, 3 * count, offset=3)[keep]
@@ -345,6 +353,8 @@ def main() -> None:
     parser.add_argument("--report", action="store_true", help="write the RESULTS section from the saved runs")
     parser.add_argument("--budgets", type=int, nargs="+", default=[10, 25, 50, 100])
     parser.add_argument("--saved", type=Path, default=SAVED, help="where each search's outcomes are saved")
+    parser.add_argument("--section", default="", help="appended to the RESULTS section's title (a report of "
+                        "other runs beside an earlier one)")
     args = parser.parse_args()
     items = held_out_ambiguous(args.model, args.bbq, args.items, args.seed)
     folder = args.saved / f"{args.model}-{len(items)}-seed{args.seed}"

@@ -50,6 +50,10 @@ class SearchConfig:
     proposals: str = "sampled"  # word edits: sampled positions | gradient (every position, best first-order gain)
     gradient_top: int = 4  # with gradient proposals: word edits scored per expanded candidate
     stop_on_success: bool = True
+    # the learned search with averaged orders (other searches score every candidate whole): a candidate whose aim
+    # lead in its displayed order alone is below this is not scored in the other two orders (1 query, not 3);
+    # -1 screens nothing (every lead is at least -1)
+    screen_lead: float = -1.0
     success_margin: float = SUCCESS_MARGIN  # P(aim) must beat every other answer by this much (no near ties)
     operators: list[Any] = field(default_factory=lambda: [{"name": "persona", "n": 2},
                                                           {"name": "instruction", "n": 2},
@@ -175,8 +179,9 @@ _RANGES: dict[str, tuple[float, str]] = {  # setting → (least value, why)
     "scoring.batch_size": (1, "prompts per forward pass"),
     "scoring.max_prompt_tokens": (0, "tokens; 0 means the model's context length"),
     "success_margin": (0, "a probability difference"),
+    "screen_lead": (-1, "an aim lead; -1 screens nothing"),
 }
-_BELOW: dict[str, float] = {"success_margin": 1}  # setting → the value it must stay under
+_BELOW: dict[str, float] = {"success_margin": 1, "screen_lead": 1}  # setting → the value it must stay under
 _CHOICES: dict[str, tuple[str, ...]] = {"method": METHODS, "importance": ("leave_one_out", "gradient"),
                                         "proposals": PROPOSALS, "scoring.mode": MODES, "scoring.slot": SLOTS}
 

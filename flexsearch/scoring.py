@@ -170,16 +170,19 @@ class Scorer:
         usage = self.backend.usage()
         return {"usage": usage} if usage else {}
 
-    def prompts(self, candidate: Candidate) -> list[tuple[str, tuple[int, int, int]]]:
-        orders = cyclic_orders(candidate.option_order) if self.average_orders else [candidate.option_order]
+    def prompts(self, candidate: Candidate, displayed_only: bool = False) -> list[tuple[str, tuple[int, int, int]]]:
+        averaged = self.average_orders and not displayed_only
+        orders = cyclic_orders(candidate.option_order) if averaged else [candidate.option_order]
         return [(self.backend.render(_reordered(candidate, order)), order) for order in orders]
 
     def fits(self, candidate: Candidate, margin: int = 0) -> bool:
         lengths = [self.backend.prompt_tokens(p) for p, _ in self.prompts(candidate)]
         return all(n is None or n + margin <= self.max_prompt_tokens for n in lengths)
 
-    def score(self, candidates: Sequence[Candidate]) -> Scores:
-        rendered = [self.prompts(c) for c in candidates]
+    def score(self, candidates: Sequence[Candidate], displayed_only: bool = False) -> Scores:
+        """Answer distributions, averaged over the option orders when asked; `displayed_only`: from each candidate's
+        displayed order alone (one prompt each; the search's screen, search_loop.screened_out)."""
+        rendered = [self.prompts(c, displayed_only) for c in candidates]
         flat = [prompt for per_candidate in rendered for prompt, _ in per_candidate]
         missing = list(dict.fromkeys(p for p in flat if p not in self._cache))
         if missing:

@@ -59,6 +59,7 @@ class ItemOutcome:
     # budget, for ASR/P(target)-vs-budget curves (kept in memory, not in the trace)
     improvements: list[tuple[int, np.ndarray]] = field(default_factory=list)
     observations: list[Observation] = field(default_factory=list)  # every scored candidate, for the learner
+    screened: int = 0  # candidates scored in their displayed order only (SearchConfig.screen_lead)
 
     def to_record(self) -> dict[str, Any]:
         return {
@@ -66,7 +67,7 @@ class ItemOutcome:
             "chain": self.best.chain(), "option_order": list(self.best.option_order),
             "clean_probs": [float(p) for p in self.clean_probs], "best_probs": [float(p) for p in self.best_probs],
             "success": self.success, "queries": self.queries, "first_success_query": self.first_success_query,
-            "observations": [o.to_list() for o in self.observations],
+            "screened": self.screened, "observations": [o.to_list() for o in self.observations],
         }
 
 
@@ -80,6 +81,15 @@ class Request:
 
 
 @dataclass
+class Screen:
+    """A request's screen (SearchConfig.screen_lead): each candidate's answer distribution in its displayed order
+    alone, and which candidates it kept out of the other two orders."""
+
+    displayed: np.ndarray  # (N, 3)
+    out: np.ndarray  # (N,) bool
+
+
+@dataclass
 class ItemState:
     """Book-keeping the driver does for each item: budget, best candidate so far, first success."""
 
@@ -88,7 +98,9 @@ class ItemState:
     rng: np.random.Generator
     budget: int
     cost_per_candidate: int
+    screen_cost: int = 1  # what a candidate scored in its displayed order only costs (one prompt)
     queries: int = 0
+    screened: int = 0
     best: Candidate | None = None
     best_value: float = -np.inf
     best_probs: np.ndarray | None = None
@@ -98,6 +110,7 @@ class ItemState:
     improvements: list[tuple[int, np.ndarray]] = field(default_factory=list)
     learner: Learner = field(default_factory=Learner)  # the run's learner as of this item's round, plus this item
     scored: dict[tuple[Any, ...], float] = field(default_factory=dict)  # the aim's lead of each scored prompt
+    displayed: dict[tuple[Any, ...], float] = field(default_factory=dict)  # the same in the displayed order alone
     observations: list[Observation] = field(default_factory=list)
 
     @property
@@ -118,50 +131,61 @@ class ItemState:
         """Whether a gradient pass still leaves room to score one candidate it leads to."""
         return self.queries + GRADIENT_PASS_QUERIES + self.cost_per_candidate <= self.budget
 
-    def record(self, request: Request, probs: np.ndarray) -> None:
+    def record(self, request: Request, probs: np.ndarray, screen: Screen | None = None) -> None:
         """Charges the request and keeps its best candidate. An item pays for every distinct prompt its
         search asks for, whether or not the shared cache already held it: the budget then does not
         depend on other searches. A success is dated at its own candidate, as if the request's
-        candidates had been scored one after another (ASR vs budget)."""
-        spent_before = self.queries
-        self.queries += len(request.candidates) * self.cost_per_candidate
+        candidates had been scored one after another (ASR vs budget). With a `screen`, a screened-out candidate
+        costs one prompt, is never the best nor a success, and the learner reads its displayed-order gain."""
         self.seen.update(prompt_key(c) for c in request.candidates)  # the clean prompt is never paid twice
         if self.clean_probs is None:
             self.clean_probs = probs[0]
         if request.probe:
+            self.queries += len(request.candidates) * self.cost_per_candidate
             return
         for k, (candidate, p) in enumerate(zip(request.candidates, probs, strict=True)):
+            if screen is not None:
+                self.displayed[prompt_key(candidate)] = lead(self.objective, screen.displayed[k], self.item)
+                if screen.out[k]:
+                    self.queries += self.screen_cost
+                    self.screened += 1
+                    self.observe(candidate, self.displayed[prompt_key(candidate)], False, screened=True)
+                    continue
+            self.queries += self.cost_per_candidate
             value, success = self.objective.value(p, self.item), bool(self.objective.success(p, self.item))
             self.observe(candidate, lead(self.objective, p, self.item), success)
-            dated = spent_before + (k + 1) * self.cost_per_candidate
+            dated = self.queries
             if value > self.best_value:
                 self.best, self.best_value, self.best_probs = candidate, value, p
                 self.improvements.append((dated, p))
             if self.first_success_query is None and success:
                 self.first_success_query = dated
 
-    def observe(self, candidate: Candidate, aim_lead: float, success: bool) -> None:
+    def observe(self, candidate: Candidate, aim_lead: float, success: bool, screened: bool = False) -> None:
         """Notes a scored candidate for the learner: the arm that made it from its nearest scored ancestor, its
         gain in the aim's lead (objectives.lead: what success with the margin reads) over that ancestor and over
-        the clean prompt; the item's own copy of the learner learns it at once."""
+        the clean prompt; the item's own copy of the learner learns it at once. A screened-out candidate's lead is
+        its displayed order's, and so are the leads its gains subtract (the order's letter bias cancels)."""
+        leads = self.displayed if screened else self.scored
         ancestor = candidate.parent
         while ancestor is not None and prompt_key(ancestor) not in self.scored:
             ancestor = ancestor.parent
         if ancestor is not None and candidate.edits:
-            clean = self.scored[prompt_key(Candidate.root(self.item))]
+            clean = leads[prompt_key(Candidate.root(self.item))]
             observation = Observation("+".join(added_arms(candidate, ancestor)), composition_of(candidate),
-                                      aim_lead - self.scored[prompt_key(ancestor)], aim_lead - clean, success,
+                                      aim_lead - leads[prompt_key(ancestor)], aim_lead - clean, success,
                                       candidate.natural and not candidate.forced_choice,
                                       "+".join(replaced_arms(candidate, ancestor)))
             self.observations.append(observation)
             self.learner.observe(observation)
-        self.scored[prompt_key(candidate)] = aim_lead
+        if not screened:
+            self.scored[prompt_key(candidate)] = aim_lead
 
     def outcome(self, objective_name: str) -> ItemOutcome:
         assert self.best is not None and self.best_probs is not None and self.clean_probs is not None
         return ItemOutcome(self.item, objective_name, self.best, self.clean_probs, self.best_probs,
                            bool(self.objective.success(self.best_probs, self.item)), self.queries,
-                           self.first_success_query, self.improvements, self.observations)
+                           self.first_success_query, self.improvements, self.observations, self.screened)
 
 
 SearchMethod = Generator[Request, np.ndarray, None]
@@ -514,26 +538,51 @@ def search_batch(items: Sequence[Item], ctx: SearchContext, objective_name: str,
     """Searches a few items together (their prompts share forward batches), each with its own copy of `learner`."""
     config, scorer = ctx.config, ctx.scorer
     states = [ItemState(item, ctx.objective, item_rng(config.seed, item.id, objective_name), config.budget,
-                        scorer.queries_per_candidate, learner=learner.copy()) for item in items]
+                        scorer.queries_per_candidate, scorer.backend.queries_per_prompt, learner=learner.copy())
+              for item in items]
     methods = [METHODS[config.method](ctx, s) for s in states]
     pending = {i: next(m) for i, m in enumerate(methods)}
     while pending:
         order = list(pending)
         flat = [c for i in order for c in pending[i].candidates]
-        scores = scorer.score(flat)
+        screens = screened(ctx, [(states[i], pending[i]) for i in order])
+        if screens is None:
+            probs = scorer.score(flat).probs
+        else:  # screened-out candidates keep their displayed order's distribution
+            probs, kept = np.concatenate([s.displayed for s in screens]), ~np.concatenate([s.out for s in screens])
+            if kept.any():
+                probs[kept] = scorer.score([c for c, k in zip(flat, kept, strict=True) if k]).probs
         offset = 0
-        for i in order:
+        for j, i in enumerate(order):
             request, state = pending[i], states[i]
             span = slice(offset, offset + len(request.candidates))
             offset = span.stop
-            state.record(request, scores.probs[span])
+            state.record(request, probs[span], None if screens is None else screens[j])
             try:
-                pending[i] = methods[i].send(scores.probs[span])
+                pending[i] = methods[i].send(probs[span])
                 if not pending[i].candidates:
                     raise StopIteration
             except StopIteration:
                 del pending[i]
     return [s.outcome(objective_name) for s in states]
+
+
+def screened(ctx: SearchContext, requests: Sequence[tuple[ItemState, Request]]) -> list[Screen] | None:
+    """Pruning before the full price is paid: on a learned search with averaged orders and `screen_lead` above -1,
+    every candidate is first scored in its displayed order (one prompt), and one whose aim lead there is below
+    `screen_lead` is not scored in the other two. The clean prompt is never screened. None: no screen."""
+    config, scorer = ctx.config, ctx.scorer
+    if config.method != "learned" or not scorer.average_orders or config.screen_lead <= -1:
+        return None
+    displayed = scorer.score([c for _, r in requests for c in r.candidates], displayed_only=True).probs
+    screens, offset = [], 0
+    for state, request in requests:
+        shown = displayed[offset : offset + len(request.candidates)]
+        offset += len(request.candidates)
+        out = [bool(c.edits) and lead(ctx.objective, p, state.item) < config.screen_lead
+               for c, p in zip(request.candidates, shown, strict=True)]
+        screens.append(Screen(shown, np.array(out, dtype=bool)))
+    return screens
 
 
 def rounds(items: Sequence[Item], size: int) -> list[Sequence[Item]]:

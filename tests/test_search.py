@@ -191,6 +191,50 @@ def test_first_success_is_dated_at_its_own_candidate(seed_items):
     assert state.queries == 3 + 3 * 3  # the whole request is charged
 
 
+def test_a_screened_out_candidate_costs_one_prompt_and_teaches_its_displayed_order_gain(seed_items):
+    from flexsearch.candidate import Candidate
+    from flexsearch.objectives import get_objective
+    from flexsearch.search_loop import ItemState, Request, Screen
+
+    item = seed_items[0]
+    state = ItemState(item, get_objective("stereotype"), np.random.default_rng(0), budget=30, cost_per_candidate=3)
+    root = Candidate.root(item)
+    clean, clean_shown = np.eye(3)[item.gold], np.array([0.2, 0.2, 0.2])
+    clean_shown[item.gold] = 0.4  # the displayed order alone: the gold ahead by 0.2, so the aim's lead is -0.2
+    state.record(Request([root]), clean[None], Screen(clean_shown[None], np.array([False])))
+    children = [root.with_slot("persona", "persona", f"You are person {k}.") for k in range(2)]
+    shown = np.full((2, 3), 0.1)
+    shown[:, item.gold] = 0.8  # aim lead -0.7 in the displayed order
+    probs = np.array([shown[0], np.eye(3)[item.target]])
+    state.record(Request(children), probs, Screen(shown, np.array([True, False])))
+    assert state.queries == 3 + 1 + 3 and state.screened == 1
+    assert state.first_success_query == 3 + 1 + 3 and state.best is children[1]
+    screened, full = state.observations
+    assert screened.gain == pytest.approx(-0.7 - -0.2) and not screened.success  # displayed order against itself
+    assert full.gain == pytest.approx(1 - -1) and full.success  # order-averaged, as without a screen
+    assert state.outcome("stereotype").to_record()["screened"] == 1
+
+
+@pytest.mark.parametrize("screen_lead", [-1.0, 0.5])
+def test_the_screen_pays_only_for_the_prompts_it_scores(tiny_target, seed_items, screen_lead):
+    config = load_config("default", FAST[1::2], budget=21, control=False, screen_lead=screen_lead)
+    outcomes, charged = [], []
+    for batch in (4, 3):
+        scorer = Scorer.in_process(tiny_target, average_orders=True)
+        ctx = build_context(replace(config, item_batch=batch), scorer, "stereotype")
+        outcomes.append(run_search(seed_items[:6], ctx, "stereotype"))
+        charged.append(scorer.queries)
+    for first, second in zip(*outcomes, strict=True):  # batching does not change what the screen does
+        assert first.best.chain() == second.best.chain() and first.screened == second.screened
+        assert first.queries <= 21
+        scored = len(first.observations) + 1  # every candidate, and the clean prompt
+        assert first.queries == 3 * (scored - first.screened) + first.screened
+    screened = sum(o.screened for o in outcomes[0])
+    assert (screened > 0) == (screen_lead > -1)  # the tiny model's leads sit near 0: 0.5 screens, -1 never
+    # An item pays for exactly the prompts the scorer scored: the screened-out ones' other orders never were.
+    assert charged[0] == sum(o.queries for o in outcomes[0])
+
+
 def test_ctrl_c_says_what_was_kept_and_how_to_resume(tiny_model_dir, tmp_path):
     out = tmp_path / "interrupted"
     args = [sys.executable, "-m", "flexsearch.cli", "search", "--model", str(tiny_model_dir), "--data", "seed",
