@@ -144,7 +144,7 @@ def report(args: argparse.Namespace, items: list[Item], folder: Path) -> None:
     top = max(args.budgets)
     runs = {p.stem: read_json(p) for p in sorted(folder.glob("*.json"))}
     learned_top = runs.get(f"learned-stereotype-b{top}")
-    if learned_top is not None and f"prior-stereotype-b{top}" not in runs:
+    if learned_top is not None and f"prior-stereotype-b{top}" not in runs and not args.no_prior:
         started = time.perf_counter()
         for name, run in prior_sampled(learned_top, items, scorer, args.seed).items():
             run["seconds"] = time.perf_counter() - started  # both together: the pool is built once per item
@@ -353,6 +353,8 @@ def main() -> None:
     parser.add_argument("--report", action="store_true", help="write the RESULTS section from the saved runs")
     parser.add_argument("--budgets", type=int, nargs="+", default=[10, 25, 50, 100])
     parser.add_argument("--saved", type=Path, default=SAVED, help="where each search's outcomes are saved")
+    parser.add_argument("--no-prior", action="store_true", help="report without sampling from the learned prior "
+                        "(its 120 items take 12 minutes or more on 2 cores)")
     parser.add_argument("--section", default="", help="appended to the RESULTS section's title (a report of "
                         "other runs beside an earlier one)")
     args = parser.parse_args()
