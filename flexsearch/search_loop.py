@@ -86,6 +86,7 @@ class Screen:
     alone, and which candidates it kept out of the other two orders."""
 
     displayed: np.ndarray  # (N, 3)
+    leads: np.ndarray  # (N,) the aim's lead in the displayed order
     out: np.ndarray  # (N,) bool
 
 
@@ -145,21 +146,20 @@ class ItemState:
             return
         for k, (candidate, p) in enumerate(zip(request.candidates, probs, strict=True)):
             if screen is not None:
-                self.displayed[prompt_key(candidate)] = lead(self.objective, screen.displayed[k], self.item)
+                self.displayed[prompt_key(candidate)] = float(screen.leads[k])
                 if screen.out[k]:
                     self.queries += self.screen_cost
                     self.screened += 1
-                    self.observe(candidate, self.displayed[prompt_key(candidate)], False, screened=True)
+                    self.observe(candidate, float(screen.leads[k]), False, screened=True)
                     continue
             self.queries += self.cost_per_candidate
             value, success = self.objective.value(p, self.item), bool(self.objective.success(p, self.item))
             self.observe(candidate, lead(self.objective, p, self.item), success)
-            dated = self.queries
             if value > self.best_value:
                 self.best, self.best_value, self.best_probs = candidate, value, p
-                self.improvements.append((dated, p))
+                self.improvements.append((self.queries, p))
             if self.first_success_query is None and success:
-                self.first_success_query = dated
+                self.first_success_query = self.queries
 
     def observe(self, candidate: Candidate, aim_lead: float, success: bool, screened: bool = False) -> None:
         """Notes a scored candidate for the learner: the arm that made it from its nearest scored ancestor, its
@@ -579,9 +579,9 @@ def screened(ctx: SearchContext, requests: Sequence[tuple[ItemState, Request]]) 
     for state, request in requests:
         shown = displayed[offset : offset + len(request.candidates)]
         offset += len(request.candidates)
-        out = [bool(c.edits) and lead(ctx.objective, p, state.item) < config.screen_lead
-               for c, p in zip(request.candidates, shown, strict=True)]
-        screens.append(Screen(shown, np.array(out, dtype=bool)))
+        leads = np.array([lead(ctx.objective, p, state.item) for p in shown])
+        out = np.array([bool(c.edits) for c in request.candidates]) & (leads < config.screen_lead)
+        screens.append(Screen(shown, leads, out))
     return screens
 
 

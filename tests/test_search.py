@@ -201,12 +201,12 @@ def test_a_screened_out_candidate_costs_one_prompt_and_teaches_its_displayed_ord
     root = Candidate.root(item)
     clean, clean_shown = np.eye(3)[item.gold], np.array([0.2, 0.2, 0.2])
     clean_shown[item.gold] = 0.4  # the displayed order alone: the gold ahead by 0.2, so the aim's lead is -0.2
-    state.record(Request([root]), clean[None], Screen(clean_shown[None], np.array([False])))
+    state.record(Request([root]), clean[None], Screen(clean_shown[None], np.array([-0.2]), np.array([False])))
     children = [root.with_slot("persona", "persona", f"You are person {k}.") for k in range(2)]
     shown = np.full((2, 3), 0.1)
     shown[:, item.gold] = 0.8  # aim lead -0.7 in the displayed order
     probs = np.array([shown[0], np.eye(3)[item.target]])
-    state.record(Request(children), probs, Screen(shown, np.array([True, False])))
+    state.record(Request(children), probs, Screen(shown, np.array([-0.7, -0.7]), np.array([True, False])))
     assert state.queries == 3 + 1 + 3 and state.screened == 1
     assert state.first_success_query == 3 + 1 + 3 and state.best is children[1]
     screened, full = state.observations
