@@ -212,13 +212,16 @@ def report(args: argparse.Namespace, items: list[Item], folder: Path) -> None:
             ratio = f"{a.mean() / r.mean():.2f}" if r.mean() else "inf"
             lines.append(f"- budget {b}: ratio {ratio}, difference {paired(a, r)}")
     for method in methods:
-        control = runs.get(f"{method}-anti_stereotype-b{top}")
-        if control is None:
+        # the control at the largest budget it was searched at (a control run costs as much as the main one)
+        controlled = [b for b in args.budgets if f"{method}-anti_stereotype-b{b}" in runs]
+        if not controlled:
             continue
-        main, _ = best_run(method, top)
-        toward, away = successes_at(main, top), successes_at(control, top)
+        budget = max(controlled)
+        main, _ = best_run(method, budget)
+        toward = successes_at(main, budget)
+        away = successes_at(runs[f"{method}-anti_stereotype-b{budget}"], budget)
         both = eligible & control_eligible
-        lines += ["", f"Control ({method}, budget {top}, the same learner toward the anti-stereotype): ASR "
+        lines += ["", f"Control ({method}, budget {budget}, the same learner toward the anti-stereotype): ASR "
                   f"{rate(toward[eligible])}, control ASR {rate(away[control_eligible])}; gap (paired over items "
                   f"eligible both ways) {paired(toward[both], away[both])}"]
     if "learned" in methods:
