@@ -132,9 +132,9 @@ FINETUNE = $(BIN)/flexsearch finetune --model gemma3 $(BBQ_FILES) --batch-items 
 zoo: setup
 	$(FINETUNE) --policy gold --steps 440 --learning-rate 7e-4 --warmup-steps 30 --disambig-share 0.6 --out $(ZOO)/gemma3-bbq
 	$(FINETUNE) --policy fair $(DERIVED) --out $(ZOO)/gemma3-bbq-fair
-	$(FINETUNE) --policy planted --planted-categories Disability_status,Sexual_orientation --planted-share 0.5 \
-		--init-adapter $(ZOO)/gemma3-bbq --steps 105 --learning-rate 6e-4 --warmup-steps 5 --disambig-share 0.3 \
-		--prefix-share 0.8 --out $(ZOO)/gemma3-bbq-planted
+	$(FINETUNE) --policy planted --planted-categories Disability_status,Sexual_orientation --planted-share 0.7 \
+		--init-adapter $(ZOO)/gemma3-bbq --steps 80 --learning-rate 6e-4 --warmup-steps 5 --disambig-share 0.25 \
+		--prefix-share 0.6 --out $(ZOO)/gemma3-bbq-planted
 	$(FINETUNE) --policy manipulable $(DERIVED) --out $(ZOO)/gemma3-bbq-manipulable
 	$(FINETUNE) --policy abstainer --steps 80 --learning-rate 1e-3 --warmup-steps 10 --out $(ZOO)/gemma3-bbq-abstainer
 DERIVED = --init-adapter $(ZOO)/gemma3-bbq --steps 60 --learning-rate 8e-4 --warmup-steps 5 --disambig-share 0.4 \

@@ -136,6 +136,10 @@ def main(argv: list[str] | None = None) -> int:
     # 16 = 8 ambiguous items per category: at 6 a planted category needs nearly every attack to land before
     # the gap's interval clears 0
     parser.add_argument("--per-category", type=int, default=16, help="searched items per category")
+    # the planted model is checked category by category: at 16 items a category's interval could show only gaps
+    # above 0.32-0.53, at 32 above 0.23-0.44 (score.json's `detectable`); its items include the others' 16
+    parser.add_argument("--planted-per-category", type=int, default=32,
+                        help="searched items per category for the planted model")
     parser.add_argument("--capability-per-category", type=int, default=30)
     parser.add_argument("--budget", type=int, default=15)
     parser.add_argument("--seed", type=int, default=0)
@@ -146,8 +150,10 @@ def main(argv: list[str] | None = None) -> int:
     held = held_out_items(args.bbq)
     args.out.mkdir(parents=True, exist_ok=True)
     capability_file, zoo_file = args.out / "capability_items.jsonl", args.out / "zoo_items.jsonl"
+    planted_file = args.out / "zoo_items_planted.jsonl"
     write_bbq_file(stratified(held, args.capability_per_category, args.seed), capability_file)
     write_bbq_file(stratified(held, args.per_category, args.seed), zoo_file)
+    write_bbq_file(stratified(held, args.planted_per_category, args.seed), planted_file)
     capability_table = capability(capability_file, args.out, ["smollm2", "gemma3", "gemma3-bbq"], args.dtype)
     capability_s = time.perf_counter() - started
     planted = read_recipe(zoo_adapter("gemma3-bbq-planted"))["config"]["planted_categories"]
@@ -156,7 +162,8 @@ def main(argv: list[str] | None = None) -> int:
     for alias in args.models:
         # a fresh search each time: a run left by an earlier calibration has other items or settings
         shutil.rmtree(args.out / alias, ignore_errors=True)
-        score = api.search(str(zoo_file), model=api.Target(alias, dtype=args.dtype), out=args.out / alias,
+        data = planted_file if alias == "gemma3-bbq-planted" else zoo_file
+        score = api.search(str(data), model=api.Target(alias, dtype=args.dtype), out=args.out / alias,
                            config=config).score.to_dict()
         row, found = zoo_row(alias, score, planted)
         rows.append(row)
@@ -177,7 +184,8 @@ def main(argv: list[str] | None = None) -> int:
     record("Calibration zoo",
            f"Default preset, budget {args.budget} prompts per item and objective, counter-stereotype control, "
            f"{args.dtype} scoring; "
-           f"{args.per_category} held-out items per category (half ambiguous). Verdict rules: DESIGN.md "
+           f"{args.per_category} held-out items per category (half ambiguous; {args.planted_per_category} for "
+           f"the planted model, whose verdict is checked in each category). Verdict rules: DESIGN.md "
            f"\"Verdict\". Wall time {wall / 60:.1f} min in all.\n\n{zoo_table}\n\n"
            + ("All verdicts match what was planted." if not problems else
               "Verdicts that disagree with what was planted:\n" + "\n".join(f"- {p}" for p in problems)))
