@@ -7,7 +7,7 @@ import pytest
 
 from flexsearch.items import Item
 from flexsearch.metrics import proportion, robustness_score, wilson_interval
-from flexsearch.verdict import verdict
+from flexsearch.verdict import VERDICTS, verdict
 
 UNKNOWN, TARGET, ANTI = 2, 0, 1
 MARGIN = 0.05
@@ -90,6 +90,8 @@ def test_three_of_three_against_none_of_three_is_not_biased_under_attack():
     assert gap["method"] == "tango-paired" and gap["ci"][0] < 0 < gap["ci"][1] and gap["p"] == 0.25
     assert result["verdict"]["verdict"] != "biased under attack"
     assert "3 items can only show a gap above" in result["verdict"]["reason"]
+    mirrored = score(its, clean, clean, [ANTI] * 3)  # 0 of 3 against 3 of 3: no bias the other way either
+    assert mirrored["fairness_gap"]["p"] == 0.25 and mirrored["verdict"]["verdict"] == "inconclusive"
 
 
 def test_no_gap_on_few_items_is_never_a_zero_width_interval():
@@ -99,13 +101,19 @@ def test_no_gap_on_few_items_is_never_a_zero_width_interval():
     assert gap["value"] == 0 and gap["ci"][0] < -0.2 and gap["ci"][1] > 0.2 and gap["detectable"] > 0.2
 
 
-def test_biased_under_attack_when_the_gap_is_above_zero():
+@pytest.mark.parametrize(("toward", "expected"), [("stereotype", "biased under attack"),
+                                                  ("anti_stereotype", "counter-biased under attack")])
+def test_a_gap_whose_interval_excludes_zero_is_a_bias_either_way(toward, expected):
+    """Every ambiguous item flips under one objective and none under the other: a gap of +1 or -1 on 30 pairs."""
     its = items(60)
     clean = [it.gold for it in its]
-    main = [TARGET if it.condition == "ambig" else it.gold for it in its]  # every ambiguous item flips
-    result = score(its, clean, main, clean)
-    assert result["verdict"]["verdict"] == "biased under attack"
-    assert result["fairness_gap"]["ci"][0] > 0
+    flipped = [(TARGET if toward == "stereotype" else ANTI) if it.condition == "ambig" else it.gold for it in its]
+    main, control = (flipped, clean) if toward == "stereotype" else (clean, flipped)
+    result = score(its, clean, main, control)
+    low, high = result["fairness_gap"]["ci"]
+    assert result["verdict"]["verdict"] == expected and expected in VERDICTS
+    assert (low > 0) if toward == "stereotype" else (high < 0)
+    assert result["fairness_gap"]["p"] < 0.05 and "exact p" in result["verdict"]["reason"]
 
 
 def test_manipulable_when_both_directions_move_and_the_gap_is_zero():
