@@ -36,9 +36,12 @@ from flexsearch.evaluation import (
     score_all,
 )
 from flexsearch.items import Item, LoadResult, load_items, source_sha256
+from flexsearch.diversity import diversity, minilm_encoder
+from flexsearch.families import FAMILIES, FLEX_NAMES, family_record
 from flexsearch.learner import Learner, Prior, learner_document, read_prior, rebuilt, weak_spots
 from flexsearch.metrics import (
     clean_metrics,
+    family_scores,
     perturbed_word_share,
     robustness_score,
 )
@@ -48,6 +51,8 @@ from flexsearch.printing import elapsed_bar, format_search_table
 from flexsearch.render import PromptFormat
 from flexsearch.results import Comparison, RunResult, Score
 from flexsearch.runio import (
+    FAMILY_CSV,
+    FAMILY_JSONL,
     FORCED_CSV,
     FORCED_JSONL,
     LEARNER,
@@ -70,7 +75,13 @@ from flexsearch.runio import (
     software_versions,
 )
 from flexsearch.scoring import Scorer, build_scorer, fit_context
-from flexsearch.search_loop import build_context, constraint_specs, proposable_arms, run_search
+from flexsearch.search_loop import (
+    build_context,
+    constraint_specs,
+    proposable_arms,
+    run_search,
+    unreachable_families,
+)
 from flexsearch.served import is_served, served_options
 from flexsearch.served_defaults import SERVED_DEFAULTS
 from flexsearch.split import load_split, split_csv_text, split_row
@@ -193,6 +204,8 @@ def search(data: str = "seed", *, model: str | Target = "smollm2", out: str | Pa
         done, retries = _search_objectives(run, items, objectives, scorer, resolved_config, target, ray,
                                            config_fingerprint(resolved), warm)
         rows = _write_split(run, items, done[resolved_config.objective], scorer)
+        family_rows = _write_family_split(run, items, done[resolved_config.objective], resolved_config.objective,
+                                          scorer)
         _write_learner(run, items, done, warm, resolved_config, scorer, data)
         measured = None
         if capability_items is not None:
@@ -204,7 +217,11 @@ def search(data: str = "seed", *, model: str | Target = "smollm2", out: str | Pa
         score["split_rows"] = {name: sum(split_file_of(r)[0] == jsonl for r in rows)
                                for name, jsonl in (("benchmark", SPLIT_JSONL), ("forced_choice", FORCED_JSONL),
                                                    ("research", RESEARCH_JSONL))}
-        score["audit"] = _audit([{**r, "file": split_file_of(r)[0]} for r in rows])
+        score["split_rows"]["families"] = len(family_rows)
+        score["families"] = family_block(items, done, objectives, resolved_config)
+        score["diversity"] = _diversity(rows, family_rows)
+        score["audit"] = _audit([{**r, "file": split_file_of(r)[0]} for r in rows]
+                                + [{**r, "file": FAMILY_JSONL} for r in family_rows])
         written = run.write_score(score, started)
         files = run.files()
     return RunResult(run_dir, Score.from_dict(written), rows, format_search_table(written, resolved_config.objective),
@@ -334,6 +351,47 @@ def _write_split(run: RunDirectory, items: list[Item], outcomes: dict[str, dict[
             atomic_write_jsonl(run.path / jsonl, kept)
             atomic_write_text(run.path / csv, split_csv_text(kept))
     return rows
+
+
+def _write_family_split(run: RunDirectory, items: list[Item], outcomes: dict[str, dict[str, Any]], objective: str,
+                        scorer: Scorer) -> list[dict[str, Any]]:
+    """The family split: for every attack-eligible item, its hardest label-valid prompt in each family it searched,
+    FLEX's `attack` column naming the family (FLEX_NAMES), `family` ours. Returns its rows."""
+    goal, rows = get_objective(objective), []
+    for item in items:
+        record = outcomes[item.id]
+        if not attack_eligible(goal, item, np.array(record["clean_probs"])):
+            continue
+        for family in FAMILIES:
+            if family not in (record.get("families") or {}):
+                continue
+            taken = family_record(record, family)
+            prompt = scorer.render(replay(item, taken["chain"], tuple(taken["option_order"])))
+            row = split_row(taken, item, prompt, scorer.info["prompt_format"])
+            rows.append({**row, "attack": FLEX_NAMES[family], "family": family,
+                         "scored_orders": record["families"][family]["orders"]})
+    atomic_write_jsonl(run.path / FAMILY_JSONL, rows)
+    atomic_write_text(run.path / FAMILY_CSV, split_csv_text(rows))
+    return rows
+
+
+def family_block(items: list[Item], done: dict[str, dict[str, dict[str, Any]]], objectives: list[str],
+                 config: SearchConfig) -> dict[str, Any]:
+    """score.json `families`: the searched families (config), the ASR per family (metrics.family_scores) and why a
+    family was not searched where the search's operators cannot make it."""
+    main = config.objective
+    control = [done["anti_stereotype"][it.id] for it in items] if "anti_stereotype" in objectives and \
+        main != "anti_stereotype" else None
+    return {"searched_by_config": list(config.families),
+            **family_scores(items, (main, [done[main][it.id] for it in items]), control, FAMILIES,
+                            config.success_margin, unreachable_families(config))}
+
+
+def _diversity(rows: list[dict[str, Any]], family_rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """score.json `diversity`: the width measures of the benchmark split and of the family split."""
+    encode = minilm_encoder()
+    benchmark = [r for r in rows if split_file_of(r)[0] == SPLIT_JSONL]
+    return {"benchmark": diversity(benchmark, encode), "families": diversity(family_rows, encode)}
 
 
 def _write_learner(run: RunDirectory, items: list[Item], done: dict[str, dict[str, dict[str, Any]]],

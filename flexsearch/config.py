@@ -15,6 +15,7 @@ from typing import Any
 import yaml
 
 from flexsearch.errors import FlexsearchError, InputError
+from flexsearch.families import FAMILIES
 from flexsearch.objectives import SUCCESS_MARGIN
 from flexsearch.render import MODES, SLOTS, SYSTEM_NEEDS_CHAT
 from flexsearch.textfile import read_text
@@ -55,6 +56,13 @@ class SearchConfig:
     # -1 screens nothing (every lead is at least -1)
     screen_lead: float = -1.0
     success_margin: float = SUCCESS_MARGIN  # P(aim) must beat every other answer by this much (no near ties)
+    # the attack families the learned search fills (DESIGN.md "Attack families"): an item's search goes on after its
+    # first success until each of them has one or the budget is spent; [] searches family-blind, stopping at the
+    # first success. Every method's run keeps the hardest prompt it scored in each family.
+    families: list[Any] = field(default_factory=lambda: list(FAMILIES))
+    family_shares: dict[str, Any] = field(default_factory=dict)  # family → fixed share of each item's budget
+    coverage: float = 0.5  # within a family, how much a template family's share of the archive cell lowers its rank
+    family_slots: int = 1  # of each round's `population`, the proposals kept for open families before the first success
     operators: list[Any] = field(default_factory=lambda: [{"name": "persona", "n": 2},
                                                           {"name": "instruction", "n": 2},
                                                           {"name": "textbugger", "positions": 1,
@@ -180,6 +188,7 @@ _RANGES: dict[str, tuple[float, str]] = {  # setting → (least value, why)
     "scoring.max_prompt_tokens": (0, "tokens; 0 means the model's context length"),
     "success_margin": (0, "a probability difference"),
     "screen_lead": (-1, "an aim lead; -1 screens nothing"),
+    "coverage": (0, "a weight on the archive share"), "family_slots": (0, "proposals a round"),
 }
 _BELOW: dict[str, float] = {"success_margin": 1, "screen_lead": 1}  # setting → the value it must stay under
 _CHOICES: dict[str, tuple[str, ...]] = {"method": METHODS, "importance": ("leave_one_out", "gradient"),
@@ -226,10 +235,38 @@ def check_settings(cls: type, data: dict[str, Any], origins: Origins, prefix: st
             raise origins.error(dotted, f"expected one of {', '.join(_CHOICES[dotted])}, got {value!r}")
 
 
+def family_problem(families: list[Any], shares: dict[str, Any]) -> tuple[str, str] | None:
+    """(setting, why) when the searched families or their fixed budget shares cannot work, else None."""
+    for name in [*families, *shares]:
+        if name not in FAMILIES:
+            close = difflib.get_close_matches(str(name), FAMILIES, n=1)
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
+            return ("families" if name in families else "family_shares",
+                    f"unknown attack family {name!r}{hint}; known: {', '.join(FAMILIES)}")
+    if len(set(families)) != len(families):
+        return "families", f"names a family twice: {families}"
+    for name, share in shares.items():
+        if name not in families:
+            return "family_shares", f"{name} has a share but is not in families ({', '.join(families) or 'none'})"
+        if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 < share <= 1:
+            return "family_shares", f"{name}: a share of the budget is a number in (0, 1], got {share!r}"
+    if sum(shares.values()) > 1 + 1e-9:
+        return "family_shares", f"the shares add up to {sum(shares.values()):g}, more than the whole budget (1)"
+    return None
+
+
 def check_specs(data: dict[str, Any], origins: Origins) -> None:
-    """Operator and constraint specs name registered classes and settings their constructors take."""
+    """Operator and constraint specs name registered classes and settings their constructors take; the searched
+    families are known ones with shares that fit in the budget."""
     from flexsearch.attacks import CONSTRAINTS, OPERATORS
     from flexsearch.objectives import OBJECTIVES
+
+    shares = data.get("family_shares", {})
+    if not isinstance(shares, dict):
+        raise origins.error("family_shares", f"expected a mapping of family to share, got {shares!r}")
+    problem = family_problem(list(data.get("families", FAMILIES)), shares)
+    if problem:
+        raise origins.error(*problem)
 
     if "objective" in data:
         try:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import copy
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,7 @@ import numpy as np
 
 from flexsearch.candidate import SLOT_FIELDS, Candidate
 from flexsearch.errors import FlexsearchError
+from flexsearch.families import Archive
 from flexsearch.items import source_sha256
 from flexsearch.metrics import proportion
 from flexsearch.runio import LEARNER, read_json
@@ -109,6 +110,7 @@ class Learner:
 
     arms: dict[str, ArmStats] = field(default_factory=dict)
     items: int = 0  # items whose observations went in (a prior's included)
+    archive: Archive = field(default_factory=Archive.empty)  # this run's successes per family cell (never a prior's)
 
     def copy(self) -> Learner:
         return copy.deepcopy(self)
@@ -139,9 +141,11 @@ class Learner:
         self.items += 1
 
     def observe_records(self, records: Iterable[Mapping[str, Any]]) -> None:
-        """Learns from item trace records, in the order given (a round's items in item order)."""
+        """Learns from item trace records, in the order given (a round's items in item order), and files their
+        family successes in the archive."""
         for record in records:
             self.observe_item(observations_of(record))
+            self.archive.add_record(record)
 
     def spread(self) -> float:
         """The pooled standard deviation of observed gains (operators' level), shrunk toward PRIOR_SD."""
@@ -174,12 +178,13 @@ class Learner:
 
     def to_dict(self) -> dict[str, Any]:
         return {"items": self.items, "arms": {key: [s.tries, s.wins, s.gain_sum, s.gain_sq]
-                                              for key, s in sorted(self.arms.items())}}
+                                              for key, s in sorted(self.arms.items())},
+                "archive": self.archive.to_dict()}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Learner:
         arms = {str(key): ArmStats(int(v[0]), int(v[1]), float(v[2]), float(v[3])) for key, v in data["arms"].items()}
-        return cls(arms=arms, items=int(data.get("items", 0)))
+        return cls(arms=arms, items=int(data.get("items", 0)), archive=Archive.from_dict(data.get("archive") or {}))
 
     def summary(self, top: int = 10) -> list[dict[str, Any]]:
         """The arms of highest mean gain that were tried, for learner.json readers."""
@@ -246,7 +251,8 @@ def read_prior(run: str | Path, objectives: Sequence[str], proposable: set[str])
         raise FlexsearchError(f"--prior {run}: it searched {', '.join(data['objectives']) or 'nothing'}, not "
                               f"{missing[0]} (another objective scheme); choose a run with the same objectives")
     try:
-        states = {o: Learner.from_dict(data["objectives"][o]) for o in objectives}
+        # the arms carry over, the archive does not: it holds the other run's finds, not this run's
+        states = {o: replace(Learner.from_dict(data["objectives"][o]), archive=Archive.empty()) for o in objectives}
     except (KeyError, TypeError, ValueError, IndexError, AttributeError):
         raise FlexsearchError(f"--prior {state_file}: malformed learner state") from None
     for objective, state in states.items():

@@ -258,6 +258,8 @@ RESEARCH_JSONL = "split-research.jsonl"  # rows whose hardest prompt is not natu
 RESEARCH_CSV = "split-research.csv"
 FORCED_JSONL = "split-forced.jsonl"  # rows whose hardest prompt carries a forced-choice template
 FORCED_CSV = "split-forced.csv"
+FAMILY_JSONL = "split-families.jsonl"  # one row per attack-eligible item and attack family searched
+FAMILY_CSV = "split-families.csv"
 # every split file pair a search writes (split_file_of in api.py says which row goes where)
 SPLIT_FILES = ((SPLIT_JSONL, SPLIT_CSV), (FORCED_JSONL, FORCED_CSV), (RESEARCH_JSONL, RESEARCH_CSV))
 PREDICTIONS = "predictions.jsonl"
@@ -404,14 +406,18 @@ FILE_DESCRIPTIONS = {
                   "one (it excludes an option, asks for an assumption or demands a person), kept out of the "
                   "split above and scored apart (score.json: forced_choice)",
     FORCED_CSV: "the same forced-choice rows as CSV",
+    FAMILY_JSONL: "the hardest label-valid prompt per attack-eligible item in each attack family searched (persona, "
+                  "instruction, text: word edits alone, composition), FLEX's `attack` column naming the family; "
+                  "score.json `families` has the ASR of each",
+    FAMILY_CSV: "the same family split as CSV",
     TRACE: "append-only log of finished items (the resume point); a torn last line is dropped",
     LEARNER: "what each template, operator and composition gained on this model, per objective (the search's "
              "run-level learner; `--prior THIS_FOLDER` warm-starts another search with it)",
     PREDICTIONS: "per item: answer probabilities, prediction, correctness",
     LOCK: "present while a flexsearch process writes here (holds its pid)",
 }
-_WRITES = {"search": (README, CONFIG, SCORE, SPLIT_JSONL, SPLIT_CSV, RESEARCH_JSONL, RESEARCH_CSV, FORCED_JSONL,
-                      FORCED_CSV, TRACE, LEARNER, LOCK),
+_WRITES = {"search": (README, CONFIG, SCORE, SPLIT_JSONL, SPLIT_CSV, FAMILY_JSONL, FAMILY_CSV, RESEARCH_JSONL,
+                      RESEARCH_CSV, FORCED_JSONL, FORCED_CSV, TRACE, LEARNER, LOCK),
            "evaluate": (README, CONFIG, SCORE, PREDICTIONS, LOCK)}
 
 

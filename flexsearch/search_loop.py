@@ -25,6 +25,7 @@ from flexsearch.attacks.gradient import GRADIENT_PASS_QUERIES, substitution_gain
 from flexsearch.attacks.importance import importance_from_probes, leave_one_out_probes
 from flexsearch.candidate import Candidate
 from flexsearch.config import SearchConfig
+from flexsearch.families import SLOT_KIND, FamilyBest, family_of, template_cell
 from flexsearch.items import Item
 from flexsearch.learner import (
     COMPOSE,
@@ -60,14 +61,16 @@ class ItemOutcome:
     improvements: list[tuple[int, np.ndarray]] = field(default_factory=list)
     observations: list[Observation] = field(default_factory=list)  # every scored candidate, for the learner
     screened: int = 0  # candidates scored in their displayed order only (SearchConfig.screen_lead)
+    families: dict[str, FamilyBest] = field(default_factory=dict)  # the hardest label-valid prompt per family
 
     def to_record(self) -> dict[str, Any]:
         return {
-            "kind": "item", "objective": self.objective, "item_id": self.item.id,
+            "kind": "item", "objective": self.objective, "item_id": self.item.id, "category": self.item.category,
             "chain": self.best.chain(), "option_order": list(self.best.option_order),
             "clean_probs": [float(p) for p in self.clean_probs], "best_probs": [float(p) for p in self.best_probs],
             "success": self.success, "queries": self.queries, "first_success_query": self.first_success_query,
             "screened": self.screened, "observations": [o.to_list() for o in self.observations],
+            "families": {f: best.to_record() for f, best in self.families.items()},
         }
 
 
@@ -113,10 +116,14 @@ class ItemState:
     scored: dict[tuple[Any, ...], float] = field(default_factory=dict)  # the aim's lead of each scored prompt
     displayed: dict[tuple[Any, ...], float] = field(default_factory=dict)  # the same in the displayed order alone
     observations: list[Observation] = field(default_factory=list)
+    families: dict[str, FamilyBest] = field(default_factory=dict)  # the hardest label-valid prompt per family
 
     @property
     def succeeded(self) -> bool:
         return self.first_success_query is not None
+
+    def family_succeeded(self, family: str) -> bool:
+        return family in self.families and self.families[family].success
 
     def affordable(self, candidates: Sequence[Candidate]) -> list[Candidate]:
         """Drops candidates already scored for this item, then caps the rest to the remaining budget."""
@@ -151,15 +158,42 @@ class ItemState:
                     self.queries += self.screen_cost
                     self.screened += 1
                     self.observe(candidate, float(screen.leads[k]), False, screened=True)
+                    self.keep_family_best(candidate, screen.displayed[k], False, 1, self.screen_cost)
                     continue
             self.queries += self.cost_per_candidate
             value, success = self.objective.value(p, self.item), bool(self.objective.success(p, self.item))
             self.observe(candidate, lead(self.objective, p, self.item), success)
+            self.keep_family_best(candidate, p, success, self.cost_per_candidate // self.screen_cost,
+                                  self.cost_per_candidate)
             if value > self.best_value:
                 self.best, self.best_value, self.best_probs = candidate, value, p
                 self.improvements.append((self.queries, p))
             if self.first_success_query is None and success:
                 self.first_success_query = self.queries
+
+    def keep_family_best(self, candidate: Candidate, probs: np.ndarray, success: bool, orders: int,
+                         cost: int) -> None:
+        """Keeps the candidate as its family's best when it is label-valid (natural, no forced-choice template) and
+        beats the family's best so far (FamilyBest.better_than: among successes, the least filled archive cell)."""
+        family = family_of(candidate)
+        if family is None or not candidate.natural or candidate.forced_choice:
+            return
+        value = self.objective.value(probs, self.item)
+        current = self.families.get(family)
+        spent = (current.queries if current else 0) + cost
+        first = current.first_success_query if current else None
+        if success and first is None:
+            first = self.queries
+        if current is None or current.better_than(value, success, orders, self.cell_fill(family, candidate),
+                                                  self.cell_fill(family, current.candidate)):
+            self.families[family] = FamilyBest(candidate, value, probs, success, first, orders, spent)
+        else:
+            current.queries, current.first_success_query = spent, first
+
+    def cell_fill(self, family: str, candidate: Candidate) -> int:
+        """How many successes the run's archive holds in the candidate's cell (its category, family, template
+        family)."""
+        return self.learner.archive.fill(self.item.category, family, template_cell(candidate))
 
     def observe(self, candidate: Candidate, aim_lead: float, success: bool, screened: bool = False) -> None:
         """Notes a scored candidate for the learner: the arm that made it from its nearest scored ancestor, its
@@ -185,7 +219,8 @@ class ItemState:
         assert self.best is not None and self.best_probs is not None and self.clean_probs is not None
         return ItemOutcome(self.item, objective_name, self.best, self.clean_probs, self.best_probs,
                            bool(self.objective.success(self.best_probs, self.item)), self.queries,
-                           self.first_success_query, self.improvements, self.observations, self.screened)
+                           self.first_success_query, self.improvements, self.observations, self.screened,
+                           self.families)
 
 
 SearchMethod = Generator[Request, np.ndarray, None]
@@ -465,7 +500,12 @@ def learned_search(ctx: SearchContext, state: ItemState) -> SearchMethod:
     persona-instruction pair, sampled word edits) by the gain in the aim's lead it is expected to bring: a Thompson
     draw of the gain of each arm it adds, minus that of each template it replaces, drawn from the run-level learner
     (DESIGN.md "The learner"); it scores the `population` best. Compositions grow around the best;
-    word edits, which no library lists, come in when their arm has paid on this model or the templates run out."""
+    word edits, which no library lists, come in when their arm has paid on this model or the templates run out.
+    With `families` (DESIGN.md "Attack families") the round also serves each family still without a success, and
+    the item's search goes on after its first success until every family has one or the budget is spent."""
+    if ctx.config.families:
+        yield from family_search(ctx, state)
+        return
     root = Candidate.root(state.item)
     yield Request([root])
     for _ in range(ctx.config.steps):
@@ -477,9 +517,7 @@ def learned_search(ctx: SearchContext, state: ItemState) -> SearchMethod:
         for order, candidate in enumerate(learned_proposals(ctx, state, parent)):
             if prompt_key(candidate) in state.seen:
                 continue
-            expected_gain = (sum(drawn(a) for a in added_arms(candidate, parent))
-                             - sum(drawn(a) for a in replaced_arms(candidate, parent)))
-            ranked.append((expected_gain, order, candidate))
+            ranked.append((expected_gain(drawn, candidate, parent), order, candidate))
         ranked.sort(key=lambda t: (-t[0], t[1]))
         chosen: list[Candidate] = []
         wanted = ctx.config.population
@@ -488,6 +526,105 @@ def learned_search(ctx: SearchContext, state: ItemState) -> SearchMethod:
             if len(chosen) >= wanted:
                 break
         options = state.affordable(chosen[:wanted])
+        if not options:
+            return
+        yield Request(options)
+
+
+def expected_gain(drawn: RoundDraws, candidate: Candidate, parent: Candidate) -> float:
+    """The Thompson-drawn gain of the arms `candidate` adds to `parent`, minus that of the templates it replaces."""
+    return (sum(drawn(a) for a in added_arms(candidate, parent))
+            - sum(drawn(a) for a in replaced_arms(candidate, parent)))
+
+
+def open_families(ctx: SearchContext, state: ItemState) -> list[str]:
+    """The searched families still to serve on this item: no success yet and, where the config fixes a family's
+    share of the budget, some of it left; the least served first (queries spent on each), then in config order."""
+    shares, budget = ctx.config.family_shares, state.budget
+    spent = {f: state.families[f].queries if f in state.families else 0 for f in ctx.config.families}
+    wanted = [f for f in ctx.config.families if not state.family_succeeded(f)
+              and (f not in shares or spent[f] < shares[f] * budget)]
+    return sorted(wanted, key=lambda f: spent[f])  # sorted() is stable: config order breaks ties
+
+
+class FirstAdmissible:
+    """Picks, from ranked lists of one round, the first candidate that passes the constraints and is not taken
+    yet; each candidate's constraints run once a round, a few at a time, best first."""
+
+    def __init__(self, ctx: SearchContext) -> None:
+        self.ctx, self.verdicts, self.taken = ctx, dict[tuple[Any, ...], bool](), set[tuple[Any, ...]]()
+
+    def __call__(self, ranked: Sequence[Candidate]) -> Candidate | None:
+        step = self.ctx.config.population
+        for start in range(0, len(ranked), step):
+            chunk = [c for c in ranked[start : start + step] if prompt_key(c) not in self.taken]
+            unchecked = {prompt_key(c): c for c in chunk if prompt_key(c) not in self.verdicts}
+            alive = {prompt_key(c) for c in self.ctx.admissible(list(unchecked.values()))}
+            self.verdicts.update({key: key in alive for key in unchecked})
+            for c in chunk:
+                if self.verdicts[prompt_key(c)]:
+                    self.taken.add(prompt_key(c))
+                    return c
+        return None
+
+
+def family_search(ctx: SearchContext, state: ItemState) -> SearchMethod:
+    """The learned search serving every attack family. Each round proposes on the clean prompt, the item's best
+    prompt and each open family's best (every proposal ranked by its expected lead: its parent's lead plus the
+    drawn gain) and scores `population` of them: until the item's first success all but `family_slots` are the
+    best-ranked proposals of any family (the headline search), the rest, and every slot after it, go in turn to
+    each open family not yet in the round, its best-ranked proposal first, a template family whose archive cell
+    already holds much of this category's successes ranked lower (`coverage`)."""
+    root = Candidate.root(state.item)
+    yield Request([root])
+    category = state.item.category
+    for _ in range(ctx.config.steps):
+        families = open_families(ctx, state)
+        if state.succeeded and ctx.config.stop_on_success and not families:
+            return
+        drawn = RoundDraws(state.learner, state.rng)
+        parents = {prompt_key(p): p for p in [root, state.best or root,
+                                              *(state.families[f].candidate for f in families
+                                                if f in state.families and state.families[f].orders > 1)]}
+        expected: dict[tuple[Any, ...], tuple[float, int, Candidate, str | None]] = {}
+        for parent in parents.values():
+            base = state.scored[prompt_key(parent)]
+            for candidate in learned_proposals(ctx, state, parent):
+                key = prompt_key(candidate)
+                if key in state.seen:
+                    continue
+                value = base + expected_gain(drawn, candidate, parent)
+                if key not in expected or value > expected[key][0]:
+                    expected[key] = (value, len(expected), candidate, family_of(candidate))
+        by_lead = sorted(expected.values(), key=lambda t: (-t[0], t[1]))
+        pick = FirstAdmissible(ctx)
+        chosen: list[Candidate] = []
+        population = ctx.config.population
+        if not state.succeeded:  # the headline first: all but `family_slots` of the round until the first success
+            while len(chosen) < max(1, population - ctx.config.family_slots):
+                found = pick([c for _, _, c, _ in by_lead])
+                if found is None:
+                    break
+                chosen.append(found)
+        served = {f: sorted(((v - ctx.config.coverage * state.learner.archive.share(category, f, template_cell(c)),
+                              order, c) for v, order, c, family in by_lead if family == f),
+                            key=lambda t: (-t[0], t[1]))
+                  for f in families if f not in {family_of(c) for c in chosen}}
+        while len(chosen) < population and served:  # then one proposal per open family in turn
+            for f in list(served):
+                if len(chosen) == population:
+                    break
+                found = pick([c for _, _, c in served[f]])
+                if found is None:
+                    del served[f]
+                else:
+                    chosen.append(found)
+        while len(chosen) < population and not state.succeeded:  # no family left to serve: the headline
+            found = pick([c for _, _, c, _ in by_lead])
+            if found is None:
+                break
+            chosen.append(found)
+        options = state.affordable(chosen)
         if not options:
             return
         yield Request(options)
@@ -520,6 +657,21 @@ def proposable_arms(config: SearchConfig) -> set[str]:
         else:
             arms.add(spec["name"])
     return arms
+
+
+def unreachable_families(config: SearchConfig) -> dict[str, str]:
+    """The attack families this config's operators cannot make, each with the reason (score.json `families`)."""
+    kinds = set()
+    for spec in config.operators:
+        cls = OPERATORS.get(spec["name"])
+        kinds.add("text" if cls.edits_words else SLOT_KIND.get(getattr(cls, "slot", ""), ""))
+    kinds -= {"", "suffix"}
+    reasons = {f: f"no {f} operator in the search's operators" for f in ("persona", "instruction") if f not in kinds}
+    if "text" not in kinds:
+        reasons["text"] = "no word operator (textbugger, bert_attack, ...) in the search's operators"
+    if len(kinds) < 2:
+        reasons["composition"] = "needs operators of two families"
+    return reasons
 
 
 def build_context(config: SearchConfig, scorer: Scorer, objective_name: str) -> SearchContext:
@@ -615,7 +767,7 @@ def run_search(
         for start in range(0, len(todo), config.item_batch):
             batch = search_batch(todo[start : start + config.item_batch], ctx, objective_name, learner)
             outcomes += batch
-            records.update({o.item.id: {"observations": [x.to_list() for x in o.observations]} for o in batch})
+            records.update({o.item.id: o.to_record() for o in batch})
             on_batch_done(batch)
             if progress is not None:
                 rate = (scorer.queries - start_queries) / max(time.perf_counter() - started, 1e-9)

@@ -25,6 +25,7 @@ OUR_COLUMNS = ["item_id", "prompt", "attack_chain", "p_target_clean", "p_target_
                "objective", "instruction", "category", "condition", "polarity", "clean_ctx", "clean_q_text",
                "answers", "gold", "target", "anti_target", "unknown", "option_order", "natural", "forced_choice",
                "stereotyped_group", "slot", "chat_template_sha256"]
+FAMILY_COLUMNS = ["family", "scored_orders"]  # the family split's own (split-families.*)
 _LIST_COLUMNS = ("attack_chain", "answers", "option_order")
 # FLEX's attack families (its `attack` column); every word-level operator is FLEX's "text" family.
 FLEX_FAMILIES = {"persona": "persona", "instruction": "refusal_suppression"}
@@ -47,10 +48,10 @@ def flex_attack_label(candidate: Candidate) -> tuple[str, str]:
     if not candidate.edits:
         return UNATTACKED, UNATTACKED
     families = dict.fromkeys(FLEX_FAMILIES.get(e.operator, "text") for e in candidate.edits)
-    return "+".join(families), "+".join(_variant(e) for e in candidate.edits)
+    return "+".join(families), "+".join(variant_id(e) for e in candidate.edits)
 
 
-def _variant(edit: Edit) -> str:
+def variant_id(edit: Edit) -> str:
     args = dict(edit.args)
     if "template" in args:  # persona / instruction: family and template index within it
         family = args.get("family", edit.operator)
@@ -95,7 +96,8 @@ def split_row(outcome_record: dict[str, Any], item: Item, prompt: str,
 
 def split_csv_text(rows: Sequence[dict[str, Any]]) -> str:
     buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=["", *FLEX_COLUMNS, *OUR_COLUMNS], lineterminator="\n")
+    family = FAMILY_COLUMNS if rows and "family" in rows[0] else []
+    writer = csv.DictWriter(buffer, fieldnames=["", *FLEX_COLUMNS, *OUR_COLUMNS, *family], lineterminator="\n")
     writer.writeheader()
     for index, row in enumerate(rows):
         flat = {k: json.dumps(v) if k in _LIST_COLUMNS else v for k, v in row.items()}
