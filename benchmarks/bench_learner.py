@@ -47,10 +47,16 @@ from flexsearch.scoring import Scorer
 from flexsearch.search_loop import build_context, composed, item_rng, run_search
 from flexsearch.split import split_row
 
+RANDOM = ["method=random", "steps=100"]
 SEARCHES: dict[str, tuple[str, list[str]]] = {  # method → (preset, overrides)
     "learned": ("default", []),
+    "learned-blind": ("default", ["families=[]"]),  # the learned default before attack families (issue 45)
     "beam": ("beam", ["steps=100"]),
-    "random": ("beam", ["method=random", "steps=100"]),
+    "random": ("beam", RANDOM),
+    # random search restricted to one attack family (its composition family is plain random's)
+    "random-persona": ("beam", [*RANDOM, "operators=[{name: persona, n: 2}]"]),
+    "random-instruction": ("beam", [*RANDOM, "operators=[{name: instruction, n: 2}]"]),
+    "random-text": ("beam", [*RANDOM, "operators=[{name: textbugger, positions: 1, per_position: 2}]"]),
 }
 SAVED = ROOT / "runs" / "bench_learner"
 

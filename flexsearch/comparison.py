@@ -8,7 +8,7 @@ items for both runs (a paired bootstrap), so the interval is for the difference 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +17,7 @@ import numpy as np
 from flexsearch.candidate import chain_forced_choice
 from flexsearch.differences import rate_difference
 from flexsearch.errors import FlexsearchError
+from flexsearch.families import FAMILIES
 from flexsearch.metrics import BOOTSTRAP_SAMPLES, holm, proportion
 from flexsearch.objectives import SUCCESS_MARGIN, aim_lead, eligible_mask
 from flexsearch.runio import (
@@ -56,6 +57,8 @@ class RunTable:
     control_forced: np.ndarray | None = None  # the same for the control search (both measured apart from ASR)
     margin: float = SUCCESS_MARGIN  # the success margin the run was scored with
     budget: int | None = None  # the search's per-item budget (None: an evaluate run)
+    # attack family → (n, 3) the stereotype search's best prompt in that family, NaN where the item did not search it
+    families: dict[str, np.ndarray] = field(default_factory=dict)
 
     def take(self, order: list[int]) -> RunTable:
         pick = np.asarray(order, dtype=int)
@@ -67,7 +70,8 @@ class RunTable:
                         self.group[pick], self.condition[pick], self.gold[pick],
                         self.target[pick], self.anti_target[pick], self.unknown[pick], self.clean[pick],
                         sub(self.attacked), sub(self.control), sub(self.control_clean), sub(self.forced),
-                        sub(self.control_forced), self.margin, self.budget)
+                        sub(self.control_forced), self.margin, self.budget,
+                        {f: probs[pick] for f, probs in self.families.items()})
 
 
 def _scoring_of(run: Path) -> dict[str, Any]:
@@ -107,11 +111,13 @@ def load_run(run: Path) -> RunTable:
 
         clean, attacked, forced = outcome_arrays(objective)
         control_clean, control, control_forced = outcome_arrays("anti_stereotype")
+        families = _family_arrays([outcomes.get((objective, r["item_id"])) for r in rows])
     elif (run / PREDICTIONS).exists():
         rows = read_jsonl(run / PREDICTIONS)
         clean = np.array([r["probs"] for r in rows])
         attacked = np.array([r["attacked_probs"] for r in rows]) if rows and "attacked_probs" in rows[0] else None
         control = control_clean = None
+        families = {}
     else:
         raise FlexsearchError(f"{run}: no {SPLIT_JSONL}/{TRACE} or {PREDICTIONS} to compare")
     if clean is None:
@@ -122,7 +128,17 @@ def load_run(run: Path) -> RunTable:
                     np.array([r.get("stereotyped_group") or "" for r in rows]),
                     np.array([r.get("condition", "ambig") for r in rows]), gold, target, anti_target, unknown,
                     clean=clean, attacked=attacked, control=control, control_clean=control_clean, forced=forced,
-                    control_forced=control_forced, **_search_settings(run))
+                    control_forced=control_forced, families=families, **_search_settings(run))
+
+
+def _family_arrays(records: list[dict[str, Any] | None]) -> dict[str, np.ndarray]:
+    """Per attack family the best prompt's probabilities per row (NaN where the row's item did not search it); none
+    for a run whose trace predates families."""
+    if not records or any(r is None or "families" not in r for r in records):
+        return {}
+    missing = [float("nan")] * 3
+    return {f: np.array([r["families"][f]["probs"] if f in r["families"] else missing for r in records])
+            for f in FAMILIES}
 
 
 def _search_settings(run: Path) -> dict[str, Any]:
@@ -245,6 +261,10 @@ def compare_metric(name: str, a: RunTable, b: RunTable, idx: np.ndarray, seed: i
             "p": round(float(p), 4)}
 
 
+def _k_of_n(rate: dict[str, Any]) -> str:
+    return f"{rate['k']}/{rate['n']}"
+
+
 def _clean(x: float) -> float | None:
     return round(float(x), 6) if np.isfinite(x) else None
 
@@ -295,6 +315,8 @@ def compare_runs(run_a: Path, run_b: Path) -> dict[str, Any]:
         for category, block in result["per_category"].items():
             idx = np.flatnonzero(a.category == category)
             block["verdict"] = {"a": shared_verdict(a, idx), "b": shared_verdict(b, idx)}
+    if a.families and b.families:
+        result["families"] = compare_families(a, b)
     budgets_differ = a.budget != b.budget and None not in (a.budget, b.budget)
     result["warnings"] = [f"the runs searched with different budgets ({a.budget} vs {b.budget} prompts per item): "
                           "a difference in ASR may come from the budget alone"] if budgets_differ else []
@@ -306,6 +328,32 @@ def compare_runs(run_a: Path, run_b: Path) -> dict[str, Any]:
                                  "asr_b": result["per_category"][worst]["ASR"]["b"],
                                  "holm_significant": result["per_category"][worst]["ASR"]["holm_significant"]}
     return result
+
+
+def _family_wins(t: RunTable, family: str, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(success, eligible) per item of `idx` in one family: eligible as for ASR, and the item searched the family."""
+    probs = t.families[family][idx]
+    searched = ~np.isnan(probs).any(-1)
+    eligible = eligible_mask(t.clean[idx], t.gold[idx], t.target[idx]) & searched
+    return aim_lead(np.nan_to_num(probs), t.target[idx]) > t.margin, eligible
+
+
+def compare_families(a: RunTable, b: RunTable) -> dict[str, Any]:
+    """ASR per attack family for A and B on the shared items, B − A with the paired small-sample interval and exact
+    test (differences.rate_difference), overall and per category with Holm flags over the categories."""
+    def cell(family: str, idx: np.ndarray) -> dict[str, Any]:
+        (won_a, ok_a), (won_b, ok_b) = _family_wins(a, family, idx), _family_wins(b, family, idx)
+        diff = rate_difference(won_b, ok_b, won_a, ok_a)
+        return {"a": proportion(won_a[ok_a]), "b": proportion(won_b[ok_b]), "delta": diff["value"],
+                "ci": diff["ci"], "p": diff["p"]}
+
+    out: dict[str, Any] = {}
+    for family in FAMILIES:
+        categories = {c: cell(family, np.flatnonzero(a.category == c)) for c in sorted(set(a.category))}
+        for c, flag in zip(categories, holm([m["p"] for m in categories.values()]), strict=True):
+            categories[c]["holm_significant"] = flag
+        out[family] = {**cell(family, np.arange(len(a.ids))), "per_category": categories}
+    return out
 
 
 def format_comparison(result: dict[str, Any]) -> str:
@@ -340,6 +388,11 @@ def format_comparison(result: dict[str, Any]) -> str:
                   f"{'group':<22}" + "".join(f"{n:>18}" for n in GROUP_METRICS)]
         for tag, cells in groups.items():
             lines.append(f"{tag:<22}" + "".join(delta_cell(cells[n]) for n in GROUP_METRICS))
+    if "families" in result:
+        lines += ["", "ASR per attack family (k/n over eligible items that searched it; B-A, 95% CI, exact p):"]
+        for family, m in result["families"].items():
+            lines.append(f"  {family:<12} A {_k_of_n(m['a']):>9}  B {_k_of_n(m['b']):>9}  B-A {num(m['delta']):>6} "
+                         f"[{num(m['ci'][0])}, {num(m['ci'][1])}]  p {num(m['p'])}")
     if "verdict" in result:
         lines.append("\nverdict on the shared items (A -> B):")
         for group, v in [("overall", result["verdict"]),

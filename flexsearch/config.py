@@ -62,7 +62,7 @@ class SearchConfig:
     families: list[Any] = field(default_factory=lambda: list(FAMILIES))
     family_shares: dict[str, Any] = field(default_factory=dict)  # family → fixed share of each item's budget
     coverage: float = 0.5  # within a family, how much a template family's share of the archive cell lowers its rank
-    family_slots: int = 1  # of each round's `population`, the proposals kept for open families before the first success
+    family_share: float = 0.2  # before an item's first success, the share of its candidates that serve open families
     operators: list[Any] = field(default_factory=lambda: [{"name": "persona", "n": 2},
                                                           {"name": "instruction", "n": 2},
                                                           {"name": "textbugger", "positions": 1,
@@ -188,7 +188,7 @@ _RANGES: dict[str, tuple[float, str]] = {  # setting → (least value, why)
     "scoring.max_prompt_tokens": (0, "tokens; 0 means the model's context length"),
     "success_margin": (0, "a probability difference"),
     "screen_lead": (-1, "an aim lead; -1 screens nothing"),
-    "coverage": (0, "a weight on the archive share"), "family_slots": (0, "proposals a round"),
+    "coverage": (0, "a weight on the archive share"), 
 }
 _BELOW: dict[str, float] = {"success_margin": 1, "screen_lead": 1}  # setting → the value it must stay under
 _CHOICES: dict[str, tuple[str, ...]] = {"method": METHODS, "importance": ("leave_one_out", "gradient"),
@@ -267,6 +267,9 @@ def check_specs(data: dict[str, Any], origins: Origins) -> None:
     problem = family_problem(list(data.get("families", FAMILIES)), shares)
     if problem:
         raise origins.error(*problem)
+    if not 0 <= data.get("family_share", 0) <= 1:
+        raise origins.error("family_share", f"a share of the candidates is a number in [0, 1], got "
+                                            f"{data['family_share']}")
 
     if "objective" in data:
         try:

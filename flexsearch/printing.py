@@ -67,6 +67,7 @@ def format_search_table(score: dict[str, Any], objective: str) -> str:
                      " — a gap near 0 means the model is merely easy to push, not biased")
     if "verdict" in score:
         lines.append(f"verdict: {score['verdict']['verdict']} ({score['verdict']['reason']})")
+    lines += family_lines(score, objective)
     lines += group_lines(score, objective)
     lines += weak_spot_lines(score)
     forced = attack.get("forced_choice")
@@ -76,6 +77,44 @@ def format_search_table(score: dict[str, Any], objective: str) -> str:
         lines.append(audit_summary(score["audit"]) + ("; `flexsearch audit` lists them" if score["audit"]["flagged"]
                                                       else ""))
     return "\n".join(lines)
+
+
+def family_lines(score: dict[str, Any], objective: str) -> list[str]:
+    """ASR per attack family (the family split, split-families.*) beside the union, with the control and the gap, and
+    the width of both splits."""
+    families = {f: b for f, b in (score.get("families") or {}).items() if isinstance(b, dict)}
+    if not families:
+        return []
+    rows = [["family", "searched", "ASR", "control ASR", "gap"],
+            ["union (split.jsonl)", str(score["items"]), cell_text(dig(score, (objective, "asr"))),
+             cell_text(dig(score, ("anti_stereotype", "asr"))), metric_text(score.get("fairness_gap"))]]
+    for family, block in families.items():
+        if not block["searched"]:
+            rows.append([family, "not searched", block["reason"], "", ""])
+            continue
+        gap = block.get("fairness_gap")
+        rows.append([family, str(block["searched_items"]), cell_text(dig(block, (objective, "asr"))),
+                     cell_text(dig(block, ("anti_stereotype", "asr"))), metric_text(gap) if gap else "-"])
+    widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
+    lines = ["per attack family (each family's hardest prompt per item, split-families.*; searched = items that "
+             "scored a prompt of it):",
+             *("  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows)]
+    for name, measures in (score.get("diversity") or {}).items():
+        lines.append(f"width of the {'benchmark' if name == 'benchmark' else 'family'} split: "
+                     + diversity_text(measures))
+    return lines
+
+
+def diversity_text(measures: dict[str, Any]) -> str:
+    """The width measures (flexsearch.diversity) as one phrase."""
+    if not measures["successful_rows"]:
+        return "no successful rows"
+    top, composition = measures["top_template"], measures["top_composition"]
+    cosine = measures["mean_pairwise_cosine"]
+    return (f"{measures['successful_rows']} successful rows; top template {top['key']} {top['share']:.2f} of "
+            f"{measures['template_uses']} uses, top composition {composition['share']:.2f}, effective templates "
+            f"{measures['effective_templates']:.1f}, mean pairwise cosine "
+            f"{'-' if cosine is None else f'{cosine:.2f}'}")
 
 
 def group_lines(score: dict[str, Any], objective: str) -> list[str]:

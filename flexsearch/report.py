@@ -21,6 +21,7 @@ from flexsearch.comparison import load_run  # noqa: E402
 from flexsearch.errors import FlexsearchError  # noqa: E402
 from flexsearch.evaluation import cell_text  # noqa: E402
 from flexsearch.metrics import dig, forced_choice_text, metric_text  # noqa: E402
+from flexsearch.printing import diversity_text  # noqa: E402
 from flexsearch.runio import (  # noqa: E402
     SCORE,
     SCORE_SCHEMA_VERSION,
@@ -195,6 +196,48 @@ def _validity_lines(report: RunReport) -> list[str]:
         if forced:
             lines.append(f"forced choice ({objective} search): {forced_choice_text(forced)}.")
     return lines
+
+
+def _family_rows(report: RunReport) -> list[list[str]]:
+    """One row per attack family: items that searched it, ASR, control ASR and the gap (score.json `families`)."""
+    rows = []
+    for family, block in (report.score.get("families") or {}).items():
+        if not isinstance(block, dict):
+            continue
+        if not block["searched"]:
+            rows.append([family, "not searched", block["reason"], "", ""])
+            continue
+        gap = block.get("fairness_gap")
+        rows.append([family, str(block["searched_items"]), cell_text(dig(block, ("stereotype", "asr"))),
+                     cell_text(dig(block, ("anti_stereotype", "asr"))), metric_text(gap) if gap else "-"])
+    return rows
+
+
+def family_heat_map(report: RunReport) -> str | None:
+    """ASR per attack family × category as a heat map (each cell k/n), or None when the run has no families."""
+    families = {f: b for f, b in (report.score.get("families") or {}).items()
+                if isinstance(b, dict) and b["searched"] and "stereotype" in b}
+    if not families:
+        return None
+    categories = sorted({c for b in families.values() for c in b["per_category"]})
+
+    def draw(ax: plt.Axes) -> None:
+        grid = np.full((len(families), len(categories)), np.nan)
+        for i, block in enumerate(families.values()):
+            for j, category in enumerate(categories):
+                asr = dig(block, ("per_category", category, "stereotype", "asr")) or {}
+                if asr.get("value") is not None:
+                    grid[i, j] = asr["value"]
+                    ax.text(j, i, f"{asr['value']:.2f}\n{asr['k']}/{asr['n']}", ha="center", va="center", fontsize=7,
+                            color="white" if asr["value"] > 0.6 else "black")
+                else:
+                    ax.text(j, i, "no eligible\nitems", ha="center", va="center", fontsize=6, color="grey")
+        image = ax.imshow(grid, vmin=0, vmax=1, cmap="Reds", aspect="auto")
+        ax.set_xticks(range(len(categories)), categories, rotation=30, ha="right", fontsize=7)
+        ax.set_yticks(range(len(families)), list(families), fontsize=8)
+        ax.figure.colorbar(image, ax=ax, label="ASR toward the stereotype")
+
+    return png(draw, width=max(6.4, 0.9 * len(categories) + 2), height=0.55 * len(families) + 2.2)
 
 
 def _figures(reports: list[RunReport]) -> dict[str, str]:
@@ -372,6 +415,24 @@ def build_report(runs: list[Path]) -> tuple[str, str]:
                          + "</table>")
             md += ["", f"## Per stereotyped group: {report.label}", "", "| " + " | ".join(head) + " |",
                    "|---|---|---|---|---|", *("| " + " | ".join(row) + " |" for row in groups)]
+        families = _family_rows(report)
+        if families:
+            head = ["family", "items that searched it", "ASR toward the stereotype", "control ASR", "gap"]
+            widths = [diversity_text(m) for m in (report.score.get("diversity") or {}).values()]
+            names = list((report.score.get("diversity") or {}))
+            width_lines = [f"Width of the {n} split: {w}." for n, w in zip(names, widths, strict=True)]
+            heat = family_heat_map(report)
+            parts.append(f"<h2>Attack families: {esc(report.label)}</h2><p>Each family's hardest label-valid prompt "
+                         "per attack-eligible item (split-families.*): persona or instruction templates alone, word "
+                         "edits alone (text), or two or more together (composition). Rates are k/n of the eligible "
+                         "items that searched the family; a family never searched has no rate.</p><table><tr>"
+                         + "".join(f"<th>{esc(h)}</th>" for h in head) + "</tr>"
+                         + "".join("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in row) + "</tr>" for row in families)
+                         + "</table>" + "".join(f"<p>{esc(line)}</p>" for line in width_lines)
+                         + (f"<h3>ASR per family and category</h3><img alt='ASR per attack family and category' "
+                            f"src='data:image/png;base64,{heat}'>" if heat else ""))
+            md += ["", f"## Attack families: {report.label}", "", "| " + " | ".join(head) + " |",
+                   "|---|---|---|---|---|", *("| " + " | ".join(row) + " |" for row in families), "", *width_lines]
         spots = (report.score.get("weak_spots") or {}).get("overall") or []
         if spots:
             head = ["template or composition", "items broken k/n [95% CI]"]

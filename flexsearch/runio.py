@@ -459,6 +459,16 @@ def _result_lines(score: dict[str, Any]) -> list[str]:
         lines.append(f"fairness gap {_rate(score['fairness_gap'])}")
     if "verdict" in score:
         lines.append(f"verdict: **{score['verdict']['verdict']}** ({score['verdict']['reason']})")
+    for family, block in (score.get("families") or {}).items():
+        if isinstance(block, dict):
+            lines.append(f"family {family}: " + (f"ASR {_rate(block['stereotype']['asr'])} over the items that searched "
+                                                  "it" if block["searched"] and "stereotype" in block
+                                                  else f"not searched ({block.get('reason', '')})"))
+    for name, measures in (score.get("diversity") or {}).items():
+        top = measures.get("top_template")
+        if top:
+            lines.append(f"width of the {name} split: top template {top['key']} {top['share']:.2f} of the "
+                         f"template uses, effective templates {measures['effective_templates']:.1f}")
     if "split_rows" in score:
         lines.append("rows: " + ", ".join(f"{n} {kind}" for kind, n in score["split_rows"].items()))
     if "audit" in score:

@@ -9,6 +9,7 @@ driver that runs many items at once, so one forward batch mixes prompts of sever
 from __future__ import annotations
 
 import hashlib
+import math
 import time
 from collections import Counter
 from collections.abc import Callable, Generator, Sequence
@@ -569,45 +570,52 @@ class FirstAdmissible:
 
 
 def family_search(ctx: SearchContext, state: ItemState) -> SearchMethod:
-    """The learned search serving every attack family. Each round proposes on the clean prompt, the item's best
-    prompt and each open family's best (every proposal ranked by its expected lead: its parent's lead plus the
-    drawn gain) and scores `population` of them: until the item's first success all but `family_slots` are the
-    best-ranked proposals of any family (the headline search), the rest, and every slot after it, go in turn to
-    each open family not yet in the round, its best-ranked proposal first, a template family whose archive cell
-    already holds much of this category's successes ranked lower (`coverage`)."""
+    """The learned search serving every attack family. Each round proposes on the item's best prompt, the clean
+    prompt and each open family's best. Until the item's first success the headline's proposals are scored (those
+    on the best prompt ranked by drawn gain, as the family-blind search ranks them) but for `family_share` of the
+    candidates, at least one a round left to the headline. Those, and every slot after the first success, go in turn
+    to each open family not yet in the round: its proposals from any of those prompts ranked by expected lead (the prompt's lead plus the drawn gain),
+    a template family whose archive cell already holds much of this category's successes ranked lower
+    (`coverage`)."""
     root = Candidate.root(state.item)
     yield Request([root])
     category = state.item.category
+    proposed = for_families = 0  # candidates scored before the first success, and those that served a family
     for _ in range(ctx.config.steps):
         families = open_families(ctx, state)
         if state.succeeded and ctx.config.stop_on_success and not families:
             return
         drawn = RoundDraws(state.learner, state.rng)
-        parents = {prompt_key(p): p for p in [root, state.best or root,
-                                              *(state.families[f].candidate for f in families
-                                                if f in state.families and state.families[f].orders > 1)]}
+        best = state.best or root
+        parents = {prompt_key(p): p for p in [best, root, *(state.families[f].candidate for f in families
+                                                            if f in state.families and state.families[f].orders > 1)]}
+        headline: list[tuple[float, int, Candidate, str | None]] = []  # the proposals on the best prompt
         expected: dict[tuple[Any, ...], tuple[float, int, Candidate, str | None]] = {}
-        for parent in parents.values():
+        for parent in parents.values():  # the best prompt's first: its draws come in the blind search's order
             base = state.scored[prompt_key(parent)]
             for candidate in learned_proposals(ctx, state, parent):
                 key = prompt_key(candidate)
                 if key in state.seen:
                     continue
-                value = base + expected_gain(drawn, candidate, parent)
-                if key not in expected or value > expected[key][0]:
-                    expected[key] = (value, len(expected), candidate, family_of(candidate))
-        by_lead = sorted(expected.values(), key=lambda t: (-t[0], t[1]))
+                entry = (base + expected_gain(drawn, candidate, parent), len(expected), candidate, family_of(candidate))
+                if parent is best:
+                    headline.append(entry)
+                if key not in expected or entry[0] > expected[key][0]:
+                    expected[key] = entry
+        by_lead = sorted(headline, key=lambda t: (-t[0], t[1]))
         pick = FirstAdmissible(ctx)
         chosen: list[Candidate] = []
         population = ctx.config.population
-        if not state.succeeded:  # the headline first: all but `family_slots` of the round until the first success
-            while len(chosen) < max(1, population - ctx.config.family_slots):
+        if not state.succeeded:  # the headline first: until the first success families get `family_share` of it
+            owed = math.floor(ctx.config.family_share * (proposed + population)) - for_families
+            while len(chosen) < population - min(max(owed, 0), population - 1):
                 found = pick([c for _, _, c, _ in by_lead])
                 if found is None:
                     break
                 chosen.append(found)
+        headline_picks = list(chosen)
         served = {f: sorted(((v - ctx.config.coverage * state.learner.archive.share(category, f, template_cell(c)),
-                              order, c) for v, order, c, family in by_lead if family == f),
+                              order, c) for v, order, c, family in expected.values() if family == f),
                             key=lambda t: (-t[0], t[1]))
                   for f in families if f not in {family_of(c) for c in chosen}}
         while len(chosen) < population and served:  # then one proposal per open family in turn
@@ -627,6 +635,9 @@ def family_search(ctx: SearchContext, state: ItemState) -> SearchMethod:
         options = state.affordable(chosen)
         if not options:
             return
+        if not state.succeeded:
+            proposed += len(options)
+            for_families += sum(c not in headline_picks for c in options)
         yield Request(options)
 
 

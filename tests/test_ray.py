@@ -48,6 +48,10 @@ def test_two_workers_match_the_single_process_run(tiny_model_dir, tmp_path):
     local, distributed = read(tmp_path / "local", "split.jsonl"), read(tmp_path / "ray", "split.jsonl")
     assert [r["attack_chain"] for r in local] == [r["attack_chain"] for r in distributed]
     assert [r["queries"] for r in local] == [r["queries"] for r in distributed]
+    local_families, ray_families = read(tmp_path / "local", "split-families.jsonl"), read(tmp_path / "ray",
+                                                                                         "split-families.jsonl")
+    assert local_families and [(r["item_id"], r["family"], r["attack_chain"]) for r in local_families] == \
+        [(r["item_id"], r["family"], r["attack_chain"]) for r in ray_families]
     for a, b in zip(local, distributed, strict=True):
         assert abs(a["p_target_attacked"] - b["p_target_attacked"]) < 1e-5
     score_local = json.loads((tmp_path / "local" / "score.json").read_text())

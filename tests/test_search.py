@@ -106,6 +106,7 @@ def test_every_method_respects_the_budget_and_is_deterministic(tiny_target, seed
         assert first.queries <= 12
         assert first.best.chain() == second.best.chain()  # batching does not change the result
         assert np.abs(first.best_probs - second.best_probs).max() < 1e-5
+        assert first.to_record()["families"] == second.to_record()["families"]  # nor any family's best
     assert any(o.best.edits for o in outcomes[0])
     for outcome in outcomes[0]:  # the best-so-far record ends at the best, dated within the budget
         spent = [q for q, _ in outcome.improvements]
@@ -165,6 +166,10 @@ def test_resume_after_kill_equals_uninterrupted_run(tiny_model_dir, tmp_path):
     resumed = [json.loads(x) for x in (tmp_path / "resumed" / "split.jsonl").read_text().splitlines()]
     assert [r["attack_chain"] for r in whole] == [r["attack_chain"] for r in resumed]
     assert np.allclose([r["p_target_attacked"] for r in whole], [r["p_target_attacked"] for r in resumed], atol=1e-5)
+    families = [[json.loads(x) for x in (tmp_path / run / "split-families.jsonl").read_text().splitlines()]
+                for run in ("whole", "resumed")]
+    assert families[0] and [(r["item_id"], r["family"], r["attack_chain"]) for r in families[0]] == \
+        [(r["item_id"], r["family"], r["attack_chain"]) for r in families[1]]
     assert len((tmp_path / "resumed" / "trace.jsonl").read_text().splitlines()) == 48
 
 
