@@ -27,6 +27,7 @@ from flexsearch.config import (
     prompts_per_candidate,
     scoring_options,
 )
+from flexsearch.diversity import diversity, minilm_encoder
 from flexsearch.errors import FlexsearchError, Interrupted
 from flexsearch.evaluation import (
     CLEAN_COLUMNS,
@@ -35,9 +36,8 @@ from flexsearch.evaluation import (
     prediction_rows,
     score_all,
 )
-from flexsearch.items import Item, LoadResult, load_items, source_sha256
-from flexsearch.diversity import diversity, minilm_encoder
 from flexsearch.families import FAMILIES, FLEX_NAMES, family_record
+from flexsearch.items import Item, LoadResult, load_items, source_sha256
 from flexsearch.learner import Learner, Prior, learner_document, read_prior, rebuilt, weak_spots
 from flexsearch.metrics import (
     clean_metrics,

@@ -131,10 +131,11 @@ def load_run(run: Path) -> RunTable:
                     control_forced=control_forced, families=families, **_search_settings(run))
 
 
-def _family_arrays(records: list[dict[str, Any] | None]) -> dict[str, np.ndarray]:
+def _family_arrays(found: list[dict[str, Any] | None]) -> dict[str, np.ndarray]:
     """Per attack family the best prompt's probabilities per row (NaN where the row's item did not search it); none
     for a run whose trace predates families."""
-    if not records or any(r is None or "families" not in r for r in records):
+    records = [r for r in found if r is not None and "families" in r]
+    if not records or len(records) < len(found):
         return {}
     missing = [float("nan")] * 3
     return {f: np.array([r["families"][f]["probs"] if f in r["families"] else missing for r in records])

@@ -188,7 +188,7 @@ _RANGES: dict[str, tuple[float, str]] = {  # setting → (least value, why)
     "scoring.max_prompt_tokens": (0, "tokens; 0 means the model's context length"),
     "success_margin": (0, "a probability difference"),
     "screen_lead": (-1, "an aim lead; -1 screens nothing"),
-    "coverage": (0, "a weight on the archive share"), 
+    "coverage": (0, "a weight on the archive share"),
 }
 _BELOW: dict[str, float] = {"success_margin": 1, "screen_lead": 1}  # setting → the value it must stay under
 _CHOICES: dict[str, tuple[str, ...]] = {"method": METHODS, "importance": ("leave_one_out", "gradient"),
@@ -264,9 +264,9 @@ def check_specs(data: dict[str, Any], origins: Origins) -> None:
     shares = data.get("family_shares", {})
     if not isinstance(shares, dict):
         raise origins.error("family_shares", f"expected a mapping of family to share, got {shares!r}")
-    problem = family_problem(list(data.get("families", FAMILIES)), shares)
-    if problem:
-        raise origins.error(*problem)
+    refused = family_problem(list(data.get("families", FAMILIES)), shares)
+    if refused:
+        raise origins.error(*refused)
     if not 0 <= data.get("family_share", 0) <= 1:
         raise origins.error("family_share", f"a share of the candidates is a number in [0, 1], got "
                                             f"{data['family_share']}")

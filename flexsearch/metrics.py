@@ -422,4 +422,5 @@ def family_scores(items: Sequence[Item], main: tuple[str, Sequence[dict[str, Any
 
 def _family_asr(items: Sequence[Item], arrays: dict[str, Any], idx: np.ndarray, margin: float) -> dict[str, Any]:
     outcomes = attack_outcomes(items, arrays, idx, margin)
-    return {"asr": proportion(outcomes["success"][outcomes["eligible"]]), "eligible_items": int(outcomes["eligible"].sum())}
+    eligible = outcomes["eligible"]
+    return {"asr": proportion(outcomes["success"][eligible]), "eligible_items": int(eligible.sum())}

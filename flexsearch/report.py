@@ -419,7 +419,7 @@ def build_report(runs: list[Path]) -> tuple[str, str]:
         if families:
             head = ["family", "items that searched it", "ASR toward the stereotype", "control ASR", "gap"]
             widths = [diversity_text(m) for m in (report.score.get("diversity") or {}).values()]
-            names = list((report.score.get("diversity") or {}))
+            names = list(report.score.get("diversity") or {})
             width_lines = [f"Width of the {n} split: {w}." for n, w in zip(names, widths, strict=True)]
             heat = family_heat_map(report)
             parts.append(f"<h2>Attack families: {esc(report.label)}</h2><p>Each family's hardest label-valid prompt "

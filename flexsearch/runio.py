@@ -461,9 +461,9 @@ def _result_lines(score: dict[str, Any]) -> list[str]:
         lines.append(f"verdict: **{score['verdict']['verdict']}** ({score['verdict']['reason']})")
     for family, block in (score.get("families") or {}).items():
         if isinstance(block, dict):
-            lines.append(f"family {family}: " + (f"ASR {_rate(block['stereotype']['asr'])} over the items that searched "
-                                                  "it" if block["searched"] and "stereotype" in block
-                                                  else f"not searched ({block.get('reason', '')})"))
+            searched = block["searched"] and "stereotype" in block
+            lines.append(f"family {family}: " + (f"ASR {_rate(block['stereotype']['asr'])} over the items that "
+                                                  "searched it" if searched else f"not searched ({block['reason']})"))
     for name, measures in (score.get("diversity") or {}).items():
         top = measures.get("top_template")
         if top:

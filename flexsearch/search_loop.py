@@ -574,9 +574,9 @@ def family_search(ctx: SearchContext, state: ItemState) -> SearchMethod:
     prompt and each open family's best. Until the item's first success the headline's proposals are scored (those
     on the best prompt ranked by drawn gain, as the family-blind search ranks them) but for `family_share` of the
     candidates, at least one a round left to the headline. Those, and every slot after the first success, go in turn
-    to each open family not yet in the round: its proposals from any of those prompts ranked by expected lead (the prompt's lead plus the drawn gain),
-    a template family whose archive cell already holds much of this category's successes ranked lower
-    (`coverage`)."""
+    to each open family not yet in the round: its proposals from any of those prompts ranked by expected lead (the
+    prompt's lead plus the drawn gain), a template family whose archive cell already holds much of this category's
+    successes ranked lower (`coverage`)."""
     root = Candidate.root(state.item)
     yield Request([root])
     category = state.item.category

@@ -49,7 +49,8 @@ def test_a_prompt_belongs_to_the_family_of_what_it_carries(seed_items):
     assert family_of(_word(_persona(root))) == "composition"
     assert family_of(_instruction(_persona(root))) == "composition"
     assert family_of(root.with_slot("adversarial_suffix", "suffix", "zx qv")) is None  # research only
-    assert template_cell(_word(_instruction(_persona(root)))) == "instruction/fake_majority+persona/role_play+textbugger"
+    cell = template_cell(_word(_instruction(_persona(root))))
+    assert cell == "instruction/fake_majority+persona/role_play+textbugger"
     swapped = _persona(_persona(root, 0), 1)  # a slot's last template holds it
     assert template_cell(swapped) == "persona/role_play" and family_of(swapped) == "persona"
 
@@ -266,7 +267,7 @@ def test_compare_goes_family_by_family(family_run, tiny_model_dir, tmp_path):
     _search(tiny_model_dir, other, "--seed", "1")
     result = compare_runs(family_run, other)
     assert set(result["families"]) == set(FAMILIES)
-    for family, cell in result["families"].items():
+    for cell in result["families"].values():
         assert cell["a"]["n"] > 0 and cell["b"]["n"] > 0
         assert cell["delta"] == pytest.approx(cell["b"]["value"] - cell["a"]["value"], abs=1e-6)
         assert cell["ci"][0] <= cell["delta"] <= cell["ci"][1]

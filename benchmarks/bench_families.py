@@ -1,0 +1,167 @@
+"""How wide and how strong the split is per attack family (issue 45), from searches bench_learner saved.
+
+    python -m benchmarks.bench_learner --items 120 --search learned --budget 40          # the family search (default)
+    python -m benchmarks.bench_learner --items 120 --search learned-blind --budget 40    # the default before families
+    python -m benchmarks.bench_learner --items 120 --search random --budget 40   # and random-persona,
+                                                                                 # random-instruction, random-text
+    python -m benchmarks.bench_families --items 120 --budgets 25 40                      # the RESULTS section
+
+Per method and budget: the headline (union) ASR over the attack-eligible items with its Wilson interval, the ASR of
+each family's hardest prompt, and the width of the headline split and of the family split (diversity.py: the most
+common template's share of the template uses, the most common composition's share of the successful rows, the
+effective number of templates, the mean pairwise MiniLM cosine of the added attack texts). The family search against
+the family-blind learned default: the paired difference of the union ASR (differences.rate_difference, Tango's
+interval and the exact McNemar test), over all items and over the items after `--chosen-on` (those the family
+search's settings were not chosen on). Random search restricted to one family is that family's baseline; plain
+random's composition family is the composition baseline. A budget below the searched one reads first successes
+(`first_success_query <= budget`, per family too): exact for random, whose per-item search does not depend on the
+budget; a learned search is reported only at a budget it was searched at.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from benchmarks.bench_attack import held_out_ambiguous
+from benchmarks.bench_learner import SAVED, run_file
+from benchmarks.common import BBQ, record
+from flexsearch.differences import rate_difference
+from flexsearch.diversity import Encode, diversity, minilm_encoder
+from flexsearch.families import FAMILIES, family_record
+from flexsearch.items import Item
+from flexsearch.metrics import proportion
+from flexsearch.objectives import attack_eligible, get_objective
+from flexsearch.runio import read_json
+from flexsearch.split import split_row
+
+METHODS = ("learned", "learned-blind", "random", "random-persona", "random-instruction", "random-text")
+BASELINE = {"persona": "random-persona", "instruction": "random-instruction", "text": "random-text",
+            "composition": "random"}
+PER_ITEM = ("random", "random-persona", "random-instruction", "random-text")  # searches that do not read the budget
+
+
+def saved_run(folder: Path, method: str, budget: int, budgets: list[int]) -> tuple[dict[str, Any], int] | None:
+    """The saved search to read at `budget`: one searched at it, or (per-item methods) the smallest larger one."""
+    searched = [b for b in sorted(budgets + [budget]) if b >= budget and run_file(folder, method, "stereotype",
+                                                                                   b).is_file()]
+    if not searched or (method not in PER_ITEM and searched[0] != budget):
+        return None
+    return read_json(run_file(folder, method, "stereotype", searched[0])), searched[0]
+
+
+def within(first: int | None, budget: int) -> bool:
+    return first is not None and first <= budget
+
+
+def outcomes(items: list[Item], records: list[dict[str, Any]], budget: int) -> dict[str, Any]:
+    """Per item: eligible, union success within the budget, each family's success within it (None: not searched)."""
+    goal = get_objective("stereotype")
+    eligible = np.array([attack_eligible(goal, it, np.array(r["clean_probs"])) for it, r in zip(items, records,
+                                                                                                 strict=True)])
+    union = np.array([within(r["first_success_query"], budget) for r in records])
+    families = {f: [within(r["families"][f]["first_success_query"], budget) if f in r["families"] else None
+                    for r in records] for f in FAMILIES}
+    return {"eligible": eligible, "union": union, "families": families}
+
+
+def rows_of(items: list[Item], records: list[dict[str, Any]], budget: int, eligible: np.ndarray) -> tuple[list, list]:
+    """The headline split's rows and the family split's (eligible items, families searched), with success read at
+    the budget."""
+    fmt = {"slot": "user"}
+    headline = [{**split_row(r, it, "", fmt), "success": bool(ok and within(r["first_success_query"], budget))}
+                for it, r, ok in zip(items, records, eligible, strict=True)]
+    family = [{**split_row(family_record(r, f), it, "", fmt),
+               "success": within(r["families"][f]["first_success_query"], budget)}
+              for it, r, ok in zip(items, records, eligible, strict=True) if ok for f in FAMILIES if f in r["families"]]
+    return headline, family
+
+
+def rate_text(flags: np.ndarray) -> str:
+    rate = proportion(flags)
+    if rate["value"] is None:
+        return "-"
+    return f"{rate['k']}/{rate['n']} = {rate['value']:.2f} [{rate['ci'][0]:.2f}, {rate['ci'][1]:.2f}]"
+
+
+def width_text(measures: dict[str, Any]) -> str:
+    top, composition = measures["top_template"], measures["top_composition"]
+    if top is None:
+        return "no successes"
+    cosine = measures["mean_pairwise_cosine"]
+    return (f"{measures['successful_rows']} rows; top template {top['key']} {top['share']:.2f}; top composition "
+            f"{composition['share']:.2f}; effective {measures['effective_templates']:.1f}; cosine "
+            f"{'-' if cosine is None else f'{cosine:.2f}'}")
+
+
+def report(args: argparse.Namespace, items: list[Item], folder: Path, encode: Encode) -> str:
+    lines = [f"{len(items)} held-out ambiguous items of `{args.model}` (bench_learner's, seed {args.seed}), stereotype "
+             "objective, the default preset's operators (persona, instruction, TextBugger). ASR: k/n over the "
+             "attack-eligible items with the Wilson 95% interval; a family's ASR counts the eligible items whose "
+             "search scored a label-valid prompt of that family. The family search's settings (family_share 0.2, "
+             f"coverage 0.5) were chosen after trying family_slots 1 on items 1-{args.chosen_on} of these; the rows "
+             f"'items {args.chosen_on + 1}-{len(items)}' leave those out.", ""]
+    header = ["method", "budget", "searched at", "union ASR", *(f"{f} ASR" for f in FAMILIES)]
+    table = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    widths = ["| method | budget | headline split | family split |", "|---|---|---|---|"]
+    paired: list[str] = []
+    for budget in args.budgets:
+        found: dict[str, dict[str, Any]] = {}
+        for method in METHODS:
+            run = saved_run(folder, method, budget, args.budgets)
+            if run is None:
+                continue
+            saved, searched_at = run
+            records = saved["records"]
+            result = outcomes(items, records, budget)
+            found[method] = result
+            e = result["eligible"]
+            cells = [rate_text(result["union"][e])]
+            for f in FAMILIES:
+                flags = np.array([x for x, ok in zip(result["families"][f], e, strict=True) if ok and x is not None],
+                                 dtype=bool)
+                cells.append(rate_text(flags))
+            table.append(f"| {method} | {budget} | {searched_at} | " + " | ".join(cells) + " |")
+            headline, family = rows_of(items, records, budget, e)
+            widths.append(f"| {method} | {budget} | {width_text(diversity(headline, encode))} | "
+                          f"{width_text(diversity(family, encode))} |")
+        if "learned" in found and "learned-blind" in found:
+            new, old = found["learned"], found["learned-blind"]
+            for label, keep in ((f"items 1-{len(items)}", np.ones(len(items), dtype=bool)),
+                                (f"items {args.chosen_on + 1}-{len(items)}", np.arange(len(items)) >= args.chosen_on)):
+                diff = rate_difference(new["union"] & keep, new["eligible"] & keep, old["union"] & keep,
+                                       old["eligible"] & keep)
+                ok_new, ok_old = new["eligible"] & keep, old["eligible"] & keep
+                ratio = (new["union"] & ok_new).sum() / max(1, (old["union"] & ok_old).sum())
+                paired.append(f"- budget {budget}, {label}: family search {rate_text(new['union'][ok_new])}, "
+                              f"family-blind {rate_text(old['union'][ok_old])}: ratio {ratio:.2f}, difference "
+                              f"{diff['value']:+.3f} [{diff['ci'][0]:+.3f}, {diff['ci'][1]:+.3f}], exact p = "
+                              f"{diff['p']:.3f}")
+    lines += ["### ASR per family", "", *table, "", "### Width (successful rows)", "",
+              "top template: the most common template's share of the template uses; top composition: the most common "
+              "set of templates' share of the rows; effective: exp of the entropy of the template distribution; "
+              "cosine: mean pairwise MiniLM cosine of the added attack texts.", "", *widths, "",
+              "### Union ASR: the family search against the family-blind learned default (paired)", "", *paired]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="gemma3-bbq")
+    parser.add_argument("--bbq", type=Path, default=BBQ)
+    parser.add_argument("--items", type=int, default=120)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--budgets", type=int, nargs="+", default=[25, 40])
+    parser.add_argument("--chosen-on", type=int, default=24, help="the first items the family settings were chosen on")
+    parser.add_argument("--saved", type=Path, default=SAVED)
+    args = parser.parse_args()
+    items = held_out_ambiguous(args.model, args.bbq, args.items, args.seed)
+    folder = args.saved / f"{args.model}-{len(items)}-seed{args.seed}"
+    record("Attack families: a split as wide as FLEX (issue 45)", report(args, items, folder, minilm_encoder()))
+
+
+if __name__ == "__main__":
+    main()
