@@ -609,12 +609,14 @@ def mutate(data: str, item_ref: str, operator: str, n: int, settings: list[str],
 
 
 def audit(run: str | Path) -> dict[str, Any]:
-    """The label-validity audit (flexsearch/audit.py) of a search run's emitted rows: the benchmark split,
-    and the forced-choice and research rows when present; `benchmark` is the split.jsonl part alone."""
+    """The label-validity audit (flexsearch/audit.py) of a search run's emitted rows: the benchmark split, the
+    family split, and the forced-choice and research rows when present; `benchmark` is the split.jsonl part
+    alone."""
     path = Path(run)
     if not (path / SPLIT_JSONL).is_file():
         raise FlexsearchError(f"{path}: no {SPLIT_JSONL} (not a finished search run directory)")
-    return _audit([{**row, "file": jsonl} for jsonl, _ in SPLIT_FILES if (path / jsonl).is_file()
+    emitted = [*(jsonl for jsonl, _ in SPLIT_FILES), FAMILY_JSONL]
+    return _audit([{**row, "file": jsonl} for jsonl in emitted if (path / jsonl).is_file()
                    for row in read_jsonl(path / jsonl)])
 
 

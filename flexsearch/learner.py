@@ -22,7 +22,7 @@ import numpy as np
 
 from flexsearch.candidate import SLOT_FIELDS, Candidate
 from flexsearch.errors import FlexsearchError
-from flexsearch.families import Archive
+from flexsearch.families import FAMILIES, Archive
 from flexsearch.items import source_sha256
 from flexsearch.metrics import proportion
 from flexsearch.runio import LEARNER, read_json
@@ -44,15 +44,17 @@ class Observation:
     success: bool  # met the objective with the margin
     valid: bool  # natural text without a forced-choice template: a label-valid prompt
     replaced: str = ""  # the templates the added arms took the slots of, '+'-joined ('' when none)
+    family: str = ""  # the candidate's attack family (families.family_of; '' when none)
 
     def to_list(self) -> list[Any]:
-        return [self.arm, self.composition, self.gain, self.lift, self.success, self.valid, self.replaced]
+        return [self.arm, self.composition, self.gain, self.lift, self.success, self.valid, self.replaced, self.family]
 
     @classmethod
     def from_list(cls, data: Sequence[Any]) -> Observation:
-        arm, composition, gain, lift, success, valid, *replaced = data  # older traces have no `replaced`
-        return cls(str(arm), str(composition), float(gain), float(lift), bool(success), bool(valid),
-                   str(replaced[0]) if replaced else "")
+        arm, composition, gain, lift, success, valid, *rest = data  # older traces lack `replaced` and `family`
+        replaced, family = (*rest, "", "")[:2]
+        return cls(str(arm), str(composition), float(gain), float(lift), bool(success), bool(valid), str(replaced),
+                   str(family))
 
 
 def edit_arm(operator: str, args: Mapping[str, Any]) -> str:
@@ -282,7 +284,9 @@ def weak_spots(records: Sequence[Mapping[str, Any]], eligible: Sequence[bool], c
                top: int = 10, per_category: int = 3) -> dict[str, Any]:
     """Templates and compositions ranked by the attack-eligible items they broke: n items on which a label-valid
     candidate carrying it was scored, k of them where one such candidate met the objective. Overall and per
-    category, each rate with its Wilson interval."""
+    category, each rate with its Wilson interval; `per_family` the same over each attack family's candidates (the
+    map of what breaks the model: for text and composition the word operators count as keys too; a family's
+    `items` are the eligible items that scored one of its candidates)."""
     def table(rows: list[tuple[str, tuple[set[str], set[str]]]], wanted: int) -> list[dict[str, Any]]:
         tried: dict[str, list[bool]] = {}
         for _, (touched, won) in rows:
@@ -294,24 +298,31 @@ def weak_spots(records: Sequence[Mapping[str, Any]], eligible: Sequence[bool], c
         ranked.sort(key=lambda r: (-r["broke"]["k"], -(r["broke"]["ci"][0] or 0.0), r["key"]))
         return ranked[:wanted]
 
-    per_item: list[tuple[str, tuple[set[str], set[str]]]] = []
-    for record, ok, category in zip(records, eligible, categories, strict=True):
-        if not ok:
-            continue
-        touched: set[str] = set()
-        won: set[str] = set()
-        for observation in observations_of(record):
-            if not observation.valid or not observation.composition:
+    def ranked(family: str | None) -> dict[str, Any]:
+        per_item: list[tuple[str, tuple[set[str], set[str]]]] = []
+        for record, ok, category in zip(records, eligible, categories, strict=True):
+            if not ok:
                 continue
-            parts = composition_parts(observation.composition)
-            keys = {*parts, *([observation.composition] if len(parts) >= 2 else [])}
-            touched |= keys
-            if observation.success:
-                won |= keys
-        per_item.append((category, (touched, won)))
-    categories_seen = sorted({c for c, _ in per_item})
-    return {
-        "items": len(per_item),
-        "overall": table([(c, r) for c, r in per_item], top),
-        "per_category": {c: table([(x, r) for x, r in per_item if x == c], per_category) for c in categories_seen},
-    }
+            touched: set[str] = set()
+            won: set[str] = set()
+            for observation in observations_of(record):
+                if not observation.valid or (family is not None and observation.family != family):
+                    continue
+                parts = composition_parts(observation.composition)
+                keys = {*parts, *([observation.composition] if len(parts) >= 2 else [])}
+                if family in ("text", "composition"):  # word edits are in no composition: their operators count
+                    keys |= {arm for arm in composition_parts(observation.arm) if "/" not in arm}
+                touched |= keys
+                if observation.success:
+                    won |= keys
+            if family is None or touched:
+                per_item.append((category, (touched, won)))
+        categories_seen = sorted({c for c, _ in per_item})
+        return {
+            "items": len(per_item),
+            "overall": table([(c, r) for c, r in per_item], top),
+            "per_category": {c: table([(x, r) for x, r in per_item if x == c], per_category)
+                             for c in categories_seen},
+        }
+
+    return {**ranked(None), "per_family": {f: ranked(f) for f in FAMILIES}}

@@ -140,9 +140,15 @@ def weak_spot_lines(score: dict[str, Any], top: int = 5) -> list[str]:
     if not spots:
         return []
     width = max(len(s["key"]) for s in spots[:top])
-    return [f"weak spots (templates and compositions by the {score['weak_spots']['items']} eligible items they broke, "
-            "k of the n items they were tried on; score.json weak_spots has them per category):",
-            *(f"  {s['key'].ljust(width)}  {cell_text(s['broke'])}" for s in spots[:top])]
+    lines = [f"weak spots (templates and compositions by the {score['weak_spots']['items']} eligible items they broke, "
+             "k of the n items they were tried on; score.json weak_spots has them per category and per family):",
+             *(f"  {s['key'].ljust(width)}  {cell_text(s['broke'])}" for s in spots[:top])]
+    leaders = {f: block["overall"][0] for f, block in (score["weak_spots"].get("per_family") or {}).items()
+               if block["overall"]}
+    if leaders:
+        lines.append("  per family, what broke most: " + "; ".join(f"{f} {s['key']} {s['broke']['k']}/{s['broke']['n']}"
+                                                                  for f, s in leaders.items()))
+    return lines
 
 
 def summary_text(summary: dict[str, Any], score: dict[str, Any], objective: str) -> str:

@@ -210,7 +210,7 @@ class ItemState:
             observation = Observation("+".join(added_arms(candidate, ancestor)), composition_of(candidate),
                                       aim_lead - leads[prompt_key(ancestor)], aim_lead - clean, success,
                                       candidate.natural and not candidate.forced_choice,
-                                      "+".join(replaced_arms(candidate, ancestor)))
+                                      "+".join(replaced_arms(candidate, ancestor)), family_of(candidate) or "")
             self.observations.append(observation)
             self.learner.observe(observation)
         if not screened:
@@ -581,8 +581,10 @@ def family_search(ctx: SearchContext, state: ItemState) -> SearchMethod:
     yield Request([root])
     category = state.item.category
     proposed = for_families = 0  # candidates scored before the first success, and those that served a family
+    # an item the clean model does not answer right counts toward no rate: only its headline is searched
+    eligible = attack_eligible(ctx.objective, state.item, state.clean_probs)
     for _ in range(ctx.config.steps):
-        families = open_families(ctx, state)
+        families = open_families(ctx, state) if eligible else []
         if state.succeeded and ctx.config.stop_on_success and not families:
             return
         drawn = RoundDraws(state.learner, state.rng)

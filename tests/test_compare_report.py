@@ -103,9 +103,9 @@ def test_report_is_self_contained_with_every_figure(two_tiny_runs, tmp_path):
     page = out.read_text()
     assert not re.search(r"(src|href)=['\"]?(https?:|//)", page) and "http://" not in page
     images = re.findall(r"src='data:image/png;base64,([A-Za-z0-9+/=]+)'", page)
-    assert len(images) == 4 and all(len(i) > 1000 for i in images)
+    assert len(images) == 4 + 2 and all(len(i) > 1000 for i in images)  # and one family heat map per run
     for section in ("Headline", "ASR vs query budget", "ASR per category", "P(target) shift per item",
-                    "Letter-position bias", "Ten hardest prompts"):
+                    "Letter-position bias", "Ten hardest prompts", "Attack families", "ASR per family and category"):
         assert section in page
     markdown = out.with_suffix(".md").read_text()
     score = json.loads((two_tiny_runs[0] / "score.json").read_text())

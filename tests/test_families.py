@@ -237,6 +237,11 @@ def test_the_family_split_has_one_row_per_eligible_item_and_family_searched(fami
         eligible_categories = {c for c, b in block["per_category"].items() if b["stereotype"]["asr"]["n"]}
         assert eligible_categories == {r["category"] for r in searched}
     assert score["split_rows"]["families"] == len(rows)
+    from flexsearch import api
+
+    split_rows = len((family_run / "split.jsonl").read_text().splitlines())
+    assert api.audit(family_run)["rows"] == score["audit"]["rows"] == split_rows + len(rows)
+    assert score["audit"]["flagged"] == 0
     assert score["diversity"]["families"]["successful_rows"] == sum(r["success"] for r in rows)
     assert "family persona: ASR" in (family_run / "README.md").read_text()
     assert "split-families.jsonl" in (family_run / "README.md").read_text()
@@ -267,10 +272,14 @@ def test_compare_goes_family_by_family(family_run, tiny_model_dir, tmp_path):
     _search(tiny_model_dir, other, "--seed", "1")
     result = compare_runs(family_run, other)
     assert set(result["families"]) == set(FAMILIES)
-    for cell in result["families"].values():
-        assert cell["a"]["n"] > 0 and cell["b"]["n"] > 0
+    measured = [c for c in result["families"].values() if c["a"]["n"] and c["b"]["n"]]
+    assert measured  # the tiny model leaves a family without eligible items at times: it then has no delta
+    for cell in measured:
         assert cell["delta"] == pytest.approx(cell["b"]["value"] - cell["a"]["value"], abs=1e-6)
         assert cell["ci"][0] <= cell["delta"] <= cell["ci"][1]
+    for cell in result["families"].values():
+        if not (cell["a"]["n"] and cell["b"]["n"]):
+            assert cell["delta"] is None
     same = compare_runs(family_run, family_run)
-    assert all(c["delta"] == 0 and c["p"] == 1 for c in same["families"].values())
+    assert all(c["delta"] == 0 and c["p"] == 1 for c in same["families"].values() if c["a"]["n"])
     assert "ASR per attack family" in format_comparison(result)

@@ -189,3 +189,23 @@ def test_weak_spots_count_items_not_candidates_and_only_eligible_label_valid_one
     assert by_key[pair]["k"] == 1 and by_key[pair]["n"] == 2
     assert by_key["persona/role_play/1"]["n"] == 2 and "instruction/option_exclusion/0" not in by_key
     assert spots["per_category"]["Religion"] == [] and spots["items"] == 3
+
+
+def test_weak_spots_map_each_family_to_what_broke_it():
+    def observation(arm: str, composition: str, won: bool, family: str) -> list:
+        return [arm, composition, 0.1, 0.1, won, True, "", family]
+
+    records = [{"observations": [observation("persona/role_play/1", "persona/role_play/1", True, "persona"),
+                                 observation("textbugger", "", False, "text")]},
+               {"observations": [observation("textbugger", "", True, "text"),
+                                 observation("textbugger", "persona/role_play/1", True, "composition")]},
+               {"observations": [observation("instruction/fake_majority/0", "instruction/fake_majority/0", False,
+                                             "instruction")]}]
+    spots = weak_spots(records, [True, True, True], ["Age", "Religion", "Age"])["per_family"]
+    assert {s["key"]: (s["broke"]["k"], s["broke"]["n"]) for s in spots["text"]["overall"]} == {"textbugger": (1, 2)}
+    assert spots["text"]["items"] == 2 and set(spots["text"]["per_category"]) == {"Age", "Religion"}
+    assert {s["key"] for s in spots["composition"]["overall"]} == {"persona/role_play/1", "textbugger"}
+    assert spots["persona"]["overall"][0]["broke"]["k"] == 1 and spots["persona"]["items"] == 1
+    assert spots["instruction"]["overall"][0]["broke"]["k"] == 0
+    assert Observation.from_list(observation("textbugger", "", True, "text")).family == "text"
+    assert Observation.from_list(observation("textbugger", "", True, "text")[:7]).family == ""  # an older trace
