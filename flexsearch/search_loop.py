@@ -582,6 +582,7 @@ def family_search(ctx: SearchContext, state: ItemState) -> SearchMethod:
     category = state.item.category
     proposed = for_families = 0  # candidates scored before the first success, and those that served a family
     # an item the clean model does not answer right counts toward no rate: only its headline is searched
+    assert state.clean_probs is not None  # recorded with the clean prompt
     eligible = attack_eligible(ctx.objective, state.item, state.clean_probs)
     for _ in range(ctx.config.steps):
         families = open_families(ctx, state) if eligible else []
