@@ -68,6 +68,13 @@ def outcomes(items: list[Item], records: list[dict[str, Any]], budget: int) -> d
     return {"eligible": eligible, "union": union, "families": families}
 
 
+def _family_flags(result: dict[str, Any], family: str) -> tuple[np.ndarray, np.ndarray]:
+    """(success, eligible) per item in one family: eligible and searched it."""
+    found = result["families"][family]
+    searched = np.array([x is not None for x in found])
+    return np.array([bool(x) for x in found]), result["eligible"] & searched
+
+
 def rows_of(items: list[Item], records: list[dict[str, Any]], budget: int, eligible: np.ndarray) -> tuple[list, list]:
     """The headline split's rows and the family split's (eligible items, families searched), with success read at
     the budget."""
@@ -108,6 +115,7 @@ def report(args: argparse.Namespace, items: list[Item], folder: Path, encode: En
     table = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     widths = ["| method | budget | headline split | family split |", "|---|---|---|---|"]
     paired: list[str] = []
+    per_family: list[str] = []
     for budget in args.budgets:
         found: dict[str, dict[str, Any]] = {}
         for method in METHODS:
@@ -128,6 +136,13 @@ def report(args: argparse.Namespace, items: list[Item], folder: Path, encode: En
             headline, family = rows_of(items, records, budget, e)
             widths.append(f"| {method} | {budget} | {width_text(diversity(headline, encode))} | "
                           f"{width_text(diversity(family, encode))} |")
+        for family, baseline in BASELINE.items():
+            if "learned" in found and baseline in found:
+                flags = [_family_flags(found[m], family) for m in ("learned", baseline)]
+                diff = rate_difference(*flags[0], *flags[1])
+                if diff["value"] is not None:
+                    per_family.append(f"- budget {budget}, {family}: family search − {baseline} {diff['value']:+.3f} "
+                                      f"[{diff['ci'][0]:+.3f}, {diff['ci'][1]:+.3f}], exact p = {diff['p']:.3f}")
         if "learned" in found and "learned-blind" in found:
             new, old = found["learned"], found["learned-blind"]
             for label, keep in ((f"items 1-{len(items)}", np.ones(len(items), dtype=bool)),
@@ -144,7 +159,9 @@ def report(args: argparse.Namespace, items: list[Item], folder: Path, encode: En
               "top template: the most common template's share of the template uses; top composition: the most common "
               "set of templates' share of the rows; effective: exp of the entropy of the template distribution; "
               "cosine: mean pairwise MiniLM cosine of the added attack texts.", "", *widths, "",
-              "### Union ASR: the family search against the family-blind learned default (paired)", "", *paired]
+              "### Union ASR: the family search against the family-blind learned default (paired)", "", *paired, "",
+              "### Each family: the family search against random search restricted to it (paired on the items both "
+              "searched the family on)", "", *per_family]
     return "\n".join(lines)
 
 
