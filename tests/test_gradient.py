@@ -201,5 +201,7 @@ def test_research_rows_are_kept_out_of_the_split(tiny_model_dir, tmp_path):
     research = [json.loads(line) for line in (tmp_path / "r" / "split-research.jsonl").read_text().splitlines()]
     assert research and all(not r["natural"] for r in research) and all(r["natural"] for r in natural)
     assert len(natural) + len(research) == 4 == len(result.rows)
-    assert result.score.data["split_rows"] == {"benchmark": len(natural), "forced_choice": 0, "research": len(research)}
+    # a suffix alone is in no attack family, so the family split is empty
+    assert result.score.data["split_rows"] == {"benchmark": len(natural), "forced_choice": 0, "research": len(research),
+                                               "families": 0}
     assert "split-research.jsonl" in (tmp_path / "r" / "README.md").read_text()
