@@ -99,7 +99,11 @@ lint: setup-dev
 	ln -s "$$PWD/attacks" $(LINT_TREE)/flexsearch/attacks && ln -s "$$PWD/objectives" $(LINT_TREE)/flexsearch/objectives
 	cd $(LINT_TREE) && $(CURDIR)/$(BIN)/mypy --config-file $(CURDIR)/pyproject.toml -p flexsearch
 
+# The suite needs WordNet: a machine without it would skip the WordNet tests unnoticed, so the test command stops.
 test: lint setup-served setup-llama-server
+	@$(BIN)/python -c "import sys; from flexsearch.attacks.neighbours import wordnet_root; \
+		sys.exit(wordnet_root() is None)" || { echo "test: no WordNet in /usr/share/wordnet or FLEXSEARCH_WORDNET \
+		(apt-get install wordnet-base); the WordNet tests cannot run"; exit 1; }
 	$(BIN)/python -m pytest -q --durations=30
 
 # Benchmarks against the peers (each writes its section of benchmarks/RESULTS.md). Needs ../shared/data/bbq.

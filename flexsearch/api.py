@@ -16,7 +16,7 @@ from tqdm.auto import tqdm
 from flexsearch.attacks.base import OPERATORS, availability_problems, white_box_problems
 from flexsearch.attacks.constraints import editable_positions
 from flexsearch.audit import audit_rows
-from flexsearch.candidate import Candidate, chain_forced_choice, replay
+from flexsearch.candidate import Candidate, chain_edits, forced_in_place, replay
 from flexsearch.config import (
     Origins,
     ScoringConfig,
@@ -203,26 +203,29 @@ def search(data: str = "seed", *, model: str | Target = "smollm2", out: str | Pa
         items, skipped = _fitting_items(loaded, scorer, SEARCH_PROMPT_MARGIN)
         done, retries = _search_objectives(run, items, objectives, scorer, resolved_config, target, ray,
                                            config_fingerprint(resolved), warm)
-        rows = _write_split(run, items, done[resolved_config.objective], scorer)
-        family_rows = _write_family_split(run, items, done[resolved_config.objective], resolved_config.objective,
-                                          scorer)
-        _write_learner(run, items, done, warm, resolved_config, scorer, data)
-        measured = None
-        if capability_items is not None:
-            scores = score_all(scorer, [Candidate.root(it) for it in capability_items], "capability items")
-            measured = {"data": capability, **clean_metrics(capability_items, scores.probs, scores.letters)}
-        score = _search_score(items, done, objectives, scorer, resolved_config, data, skipped, retries, ray,
-                              measured)
-        score["prior"] = warm.provenance if warm else None
-        score["split_rows"] = {name: sum(split_file_of(r)[0] == jsonl for r in rows)
-                               for name, jsonl in (("benchmark", SPLIT_JSONL), ("forced_choice", FORCED_JSONL),
-                                                   ("research", RESEARCH_JSONL))}
-        score["split_rows"]["families"] = len(family_rows)
-        score["families"] = family_block(items, done, objectives, resolved_config)
-        score["diversity"] = _diversity(rows, family_rows)
-        score["audit"] = _audit([{**r, "file": split_file_of(r)[0]} for r in rows]
-                                + [{**r, "file": FAMILY_JSONL} for r in family_rows])
-        written = run.write_score(score, started)
+        searched = len(items) * len(objectives)
+        # a Ctrl-C while the outputs are written says how to finish them too
+        with _resumable(lambda: searched, searched, run.path / TRACE):
+            rows = _write_split(run, items, done[resolved_config.objective], scorer)
+            family_rows = _write_family_split(run, items, done[resolved_config.objective], resolved_config.objective,
+                                              scorer)
+            _write_learner(run, items, done, warm, resolved_config, scorer, data)
+            measured = None
+            if capability_items is not None:
+                scores = score_all(scorer, [Candidate.root(it) for it in capability_items], "capability items")
+                measured = {"data": capability, **clean_metrics(capability_items, scores.probs, scores.letters)}
+            score = _search_score(items, done, objectives, scorer, resolved_config, data, skipped, retries, ray,
+                                  measured)
+            score["prior"] = warm.provenance if warm else None
+            score["split_rows"] = {name: sum(split_file_of(r)[0] == jsonl for r in rows)
+                                   for name, jsonl in (("benchmark", SPLIT_JSONL), ("forced_choice", FORCED_JSONL),
+                                                       ("research", RESEARCH_JSONL))}
+            score["split_rows"]["families"] = len(family_rows)
+            score["families"] = family_block(items, done, objectives, resolved_config)
+            score["diversity"] = _diversity(rows, family_rows)
+            score["audit"] = _audit([{**r, "file": split_file_of(r)[0]} for r in rows]
+                                    + [{**r, "file": FAMILY_JSONL} for r in family_rows])
+            written = run.write_score(score, started)
         files = run.files()
     return RunResult(run_dir, Score.from_dict(written), rows, format_search_table(written, resolved_config.objective),
                      files)
@@ -292,8 +295,13 @@ def _search_objectives(run: RunDirectory, items: list[Item], objectives: list[st
             done[record["objective"]][record["item_id"]] = record
     retries = 0
     total = len(items) * len(objectives)
+    wanted = {(o, it.id) for o in objectives for it in items}
+
+    def kept() -> int:  # read back from the trace: a Ctrl-C may land between an append and the book-keeping
+        return len(wanted & {(r["objective"], r["item_id"]) for r in read_trace(trace)})
+
     with tqdm(total=total, desc=f"search ({' + control '.join(objectives)})", unit="item") as bar, \
-            _resumable(lambda: sum(len(d) for d in done.values()), total, trace):
+            _resumable(kept, total, trace):
         bar.update(sum(it.id in done[o] for o in objectives for it in items))
         for objective in objectives:
             if all(it.id in done[objective] for it in items):
@@ -320,10 +328,14 @@ def _search_objectives(run: RunDirectory, items: list[Item], objectives: list[st
 
 @contextmanager
 def _resumable(finished: Callable[[], int], total: int, trace: Path) -> Iterator[None]:
-    """Turns Ctrl-C into Interrupted, saying how much was kept and how to go on."""
+    """Turns Ctrl-C into Interrupted, saying how much was kept and how to go on (also once every search is done
+    and the outputs are being written)."""
     try:
         yield
     except KeyboardInterrupt:
+        if finished() == total:
+            raise Interrupted(f"interrupted while writing the outputs; all {total} item searches are kept in {trace}: "
+                              "rerun the same command to write them") from None
         raise Interrupted(f"interrupted after {finished()} of {total} item searches; the finished ones are kept in "
                           f"{trace}: rerun the same command to resume") from None
 
@@ -435,7 +447,7 @@ def _search_score(items: list[Item], done: dict[str, dict[str, dict[str, Any]]],
 def _outcome_arrays(objective: str, items: list[Item], records: list[dict[str, Any]]) -> dict[str, Any]:
     return {
         "objective": objective,
-        "forced": np.array([chain_forced_choice(r["chain"]) for r in records], dtype=bool),
+        "forced": np.array([forced_in_place(chain_edits(r["chain"])) for r in records], dtype=bool),
         "perturbed": np.array([perturbed_word_share(it, r["chain"]) for it, r in zip(items, records, strict=True)]),
         "clean": np.array([r["clean_probs"] for r in records]),
         "attacked": np.array([r["best_probs"] for r in records]),

@@ -34,16 +34,38 @@ class Edit:
                    before=data["before"], after=data["after"], args=tuple(sorted(data.get("args", {}).items())))
 
 
-def forced_in_place(edits: Iterable[tuple[str, Mapping[str, Any]]]) -> bool:
-    """Whether a template still in a slot declares itself forced-choice, from (field, args) per edit in order (a
-    slot's last edit holds its text); for a Candidate's edits and a trace record's chain alike."""
-    in_place = {field: args for field, args in edits if field in SLOT_FIELDS}
-    return any(args.get("effect") == FORCED_CHOICE for args in in_place.values())
+def in_place(edits: Iterable[Edit]) -> list[Edit]:
+    """The edits whose text the prompt holds now, in order: every word edit and each slot's last edit where it
+    filled the slot (a slot holds one text, so a template swapped out or cleared is gone)."""
+    edits = list(edits)
+    last = {e.field: i for i, e in enumerate(edits) if e.field in SLOT_FIELDS}
+    return [e for i, e in enumerate(edits) if e.field not in SLOT_FIELDS or (last[e.field] == i and e.after)]
 
 
-def chain_forced_choice(chain: Iterable[Mapping[str, Any]]) -> bool:
-    """forced_in_place over a chain as the trace records it (no replay needed)."""
-    return forced_in_place((step["field"], step.get("args") or {}) for step in chain)
+def chain_edits(chain: Iterable[Mapping[str, Any]]) -> list[Edit]:
+    """The edits of a chain as the trace records it (no replay needed)."""
+    return [Edit.from_dict(dict(step)) for step in chain]
+
+
+def variant_id(edit: Edit) -> str:
+    """The attack variant an edit applies, as the split's `attack_type` names it: a template as
+    operator:family.index (`persona:role_play.0`), a word operator by its edit kind (`textbugger:swap`)."""
+    args = dict(edit.args)
+    if "template" in args:  # persona / instruction: family and template index within it
+        family = args.get("family", edit.operator)
+        return f"{edit.operator}:{'' if family == edit.operator else f'{family}.'}{args['template']}"
+    return f"{edit.operator}:{args.get('bug', 'word')}"  # TextBugger names its bug; BERT-Attack swaps a word
+
+
+def templates_in_place(edits: Iterable[Edit]) -> list[str]:
+    """The variants in place (in_place), once each, sorted."""
+    return sorted({variant_id(e) for e in in_place(edits)})
+
+
+def forced_in_place(edits: Iterable[Edit]) -> bool:
+    """Whether a template still in a slot declares itself forced-choice; for a Candidate's edits and a trace
+    record's chain (chain_edits) alike."""
+    return any(dict(e.args).get("effect") == FORCED_CHOICE for e in in_place(edits) if e.field in SLOT_FIELDS)
 
 
 @dataclass(frozen=True)
@@ -85,7 +107,7 @@ class Candidate:
     @property
     def forced_choice(self) -> bool:
         """Whether a template still in a slot declares itself forced-choice (its row is measured apart)."""
-        return forced_in_place((e.field, dict(e.args)) for e in self.edits)
+        return forced_in_place(self.edits)
 
     def words(self, field_name: str) -> tuple[str, ...]:
         return self.context_words if field_name == "context" else self.question_words

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from flexsearch.candidate import chain_forced_choice
+from flexsearch.candidate import chain_edits, forced_in_place
 from flexsearch.differences import rate_difference
 from flexsearch.errors import FlexsearchError
 from flexsearch.families import FAMILIES
@@ -107,7 +107,7 @@ def load_run(run: Path) -> RunTable:
             if len(hits) < len(rows):
                 return None, None, None
             return (np.array([h["clean_probs"] for h in hits]), np.array([h["best_probs"] for h in hits]),
-                    np.array([chain_forced_choice(h["chain"]) for h in hits], dtype=bool))
+                    np.array([forced_in_place(chain_edits(h["chain"])) for h in hits], dtype=bool))
 
         clean, attacked, forced = outcome_arrays(objective)
         control_clean, control, control_forced = outcome_arrays("anti_stereotype")

@@ -13,19 +13,15 @@ from typing import Any
 
 import numpy as np
 
-from flexsearch.candidate import SLOT_FIELDS, WORD_FIELDS, Edit
-from flexsearch.split import variant_id
+from flexsearch.candidate import chain_edits, templates_in_place
 
 Encode = Callable[[list[str]], np.ndarray]  # texts → unit vectors, one a row
 
 
 def row_variants(row: dict[str, Any]) -> list[str]:
     """A row's templates in place, once each, named as `attack_type` names them (`persona:role_play.0`,
-    `textbugger:swap`): a slot's last edit holds its text, so a template swapped out does not count."""
-    edits = [Edit.from_dict(e) for e in row["attack_chain"]]
-    slots = {e.field: e for e in edits if e.field in SLOT_FIELDS}
-    return sorted({variant_id(e) for e in [*slots.values(), *(e for e in edits if e.field in WORD_FIELDS)]
-                   if e.after})
+    `textbugger:swap`): a template swapped out does not count."""
+    return templates_in_place(chain_edits(row["attack_chain"]))
 
 
 def added_text(row: dict[str, Any]) -> str:

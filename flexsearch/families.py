@@ -1,6 +1,6 @@
 """Attack families (DESIGN.md "Attack families"): which family a prompt belongs to, the best prompt an item's
-search found in each, and the archive of successes by category × family × template family that keeps a run's
-finds diverse.
+search found in each, and the archive of successes by category × family × template that keeps a run's finds
+diverse.
 
 The families are FLEX's three plus their compositions: `persona` (a persona template alone), `instruction` (a
 competing-objective / refusal-suppression template alone), `text` (word- and character-level edits alone) and
@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from flexsearch.candidate import SLOT_FIELDS, WORD_FIELDS, Candidate
+from flexsearch.candidate import SLOT_FIELDS, WORD_FIELDS, Candidate, chain_edits, templates_in_place
 
 FAMILIES = ("persona", "instruction", "text", "composition")
 # FLEX's name of each family (its `attack` column); FLEX has no composition family, so ours keeps its own name.
@@ -47,12 +47,6 @@ def family_of(candidate: Candidate) -> str | None:
     return family if family in FAMILIES else None
 
 
-def template_cell(candidate: Candidate) -> str:
-    """The archive's template family of a candidate: the template families in place (operator/family) and the
-    word operators that edited it, sorted and '+'-joined."""
-    return chain_cell(candidate.chain())
-
-
 @dataclass
 class FamilyBest:
     """The hardest label-valid prompt an item's search scored in one family. `orders` is how many option orders
@@ -69,8 +63,9 @@ class FamilyBest:
 
     def better_than(self, value: float, success: bool, orders: int, fill: int, own_fill: int) -> bool:
         """Whether a newly scored candidate (its value, success, orders scored and archive fill) replaces this
-        one: a success beats a failure, and among successes the one in the least filled archive cell wins (the
-        harder on a tie); a prompt scored in every order beats one the screen kept out; otherwise the harder."""
+        one: a success beats a failure, and among successes the one whose templates the archive holds least
+        (Archive.fill) wins (the harder on a tie); a prompt scored in every order beats one the screen kept out;
+        otherwise the harder."""
         if success != self.success:
             return success
         if success and fill != own_fill:
@@ -95,9 +90,10 @@ def family_record(record: Mapping[str, Any], family: str) -> dict[str, Any]:
 
 @dataclass
 class Archive:
-    """Successes by category × family × template family over the items a run has finished (Rainbow Teaming's
-    idea): the learned search prefers, within a family, the template families whose cell holds fewest of the
-    category's successes so far, so a run's finds spread over the library instead of repeating its leader."""
+    """Successes by category × family × template over the items a run has finished (Rainbow Teaming's idea, with a
+    template as the split's `attack_type` names it): the learned search prefers, within a family, prompts whose
+    templates hold fewest of the category's successes so far, so a run's finds spread over the library instead of
+    repeating its leader. A success counts once in the cell of each template it carries."""
 
     cells: Counter[tuple[str, str, str]]
 
@@ -110,15 +106,18 @@ class Archive:
         category = record.get("category", "")
         for family, best in (record.get("families") or {}).items():
             if best["success"]:
-                self.cells[(category, family, chain_cell(best["chain"]))] += 1
+                for template in templates_in_place(chain_edits(best["chain"])):
+                    self.cells[(category, family, template)] += 1
 
-    def fill(self, category: str, family: str, cell: str) -> int:
-        return self.cells[(category, family, cell)]
+    def fill(self, category: str, family: str, templates: Iterable[str]) -> int:
+        """The most crowded of the templates' cells: how many of the category's successes in the family carry it."""
+        return max((self.cells[(category, family, t)] for t in templates), default=0)
 
-    def share(self, category: str, family: str, cell: str) -> float:
-        """The cell's share of the category's successes in the family (0 when there are none yet)."""
+    def share(self, category: str, family: str, templates: Iterable[str]) -> float:
+        """The fill's share of the template uses among the category's successes in the family (0 when none yet):
+        the top-template share of DESIGN "Diversity", cell by cell."""
         total = sum(n for (c, f, _), n in self.cells.items() if c == category and f == family)
-        return self.cells[(category, family, cell)] / total if total else 0.0
+        return self.fill(category, family, templates) / total if total else 0.0
 
     def to_dict(self) -> dict[str, int]:
         return {"|".join(key): n for key, n in sorted(self.cells.items())}
@@ -128,11 +127,6 @@ class Archive:
         return cls(Counter({tuple(key.split("|", 2)): int(n) for key, n in data.items()}))  # type: ignore[misc]
 
 
-def chain_cell(chain: Iterable[Mapping[str, Any]]) -> str:
-    """template_cell from a recorded chain (no replay needed): a slot's last edit holds its text."""
-    steps = list(chain)
-    slots = {s["field"]: s for s in steps if s["field"] in SLOT_FIELDS}
-    parts = {f"{s['operator']}/{(s.get('args') or {}).get('family', s['operator'])}" for s in slots.values()
-             if s["after"]}
-    parts |= {s["operator"] for s in steps if s["field"] in WORD_FIELDS}
-    return "+".join(sorted(parts))
+def templates_of(candidate: Candidate) -> list[str]:
+    """The templates in place on a candidate (its archive cells within its family)."""
+    return templates_in_place(candidate.edits)

@@ -26,7 +26,7 @@ from flexsearch.attacks.gradient import GRADIENT_PASS_QUERIES, substitution_gain
 from flexsearch.attacks.importance import importance_from_probes, leave_one_out_probes
 from flexsearch.candidate import Candidate
 from flexsearch.config import SearchConfig
-from flexsearch.families import SLOT_KIND, FamilyBest, family_of, template_cell
+from flexsearch.families import SLOT_KIND, FamilyBest, family_of, templates_of
 from flexsearch.items import Item
 from flexsearch.learner import (
     COMPOSE,
@@ -153,18 +153,19 @@ class ItemState:
             self.queries += len(request.candidates) * self.cost_per_candidate
             return
         for k, (candidate, p) in enumerate(zip(request.candidates, probs, strict=True)):
+            family = family_of(candidate)
             if screen is not None:
                 self.displayed[prompt_key(candidate)] = float(screen.leads[k])
                 if screen.out[k]:
                     self.queries += self.screen_cost
                     self.screened += 1
-                    self.observe(candidate, float(screen.leads[k]), False, screened=True)
-                    self.keep_family_best(candidate, screen.displayed[k], False, 1, self.screen_cost)
+                    self.observe(candidate, family, float(screen.leads[k]), False, screened=True)
+                    self.keep_family_best(candidate, family, screen.displayed[k], False, 1, self.screen_cost)
                     continue
             self.queries += self.cost_per_candidate
             value, success = self.objective.value(p, self.item), bool(self.objective.success(p, self.item))
-            self.observe(candidate, lead(self.objective, p, self.item), success)
-            self.keep_family_best(candidate, p, success, self.cost_per_candidate // self.screen_cost,
+            self.observe(candidate, family, lead(self.objective, p, self.item), success)
+            self.keep_family_best(candidate, family, p, success, self.cost_per_candidate // self.screen_cost,
                                   self.cost_per_candidate)
             if value > self.best_value:
                 self.best, self.best_value, self.best_probs = candidate, value, p
@@ -172,11 +173,11 @@ class ItemState:
             if self.first_success_query is None and success:
                 self.first_success_query = self.queries
 
-    def keep_family_best(self, candidate: Candidate, probs: np.ndarray, success: bool, orders: int,
-                         cost: int) -> None:
+    def keep_family_best(self, candidate: Candidate, family: str | None, probs: np.ndarray, success: bool,
+                         orders: int, cost: int) -> None:
         """Keeps the candidate as its family's best when it is label-valid (natural, no forced-choice template) and
-        beats the family's best so far (FamilyBest.better_than: among successes, the least filled archive cell)."""
-        family = family_of(candidate)
+        beats the family's best so far (FamilyBest.better_than: among successes, the one whose templates the
+        archive holds least)."""
         if family is None or not candidate.natural or candidate.forced_choice:
             return
         value = self.objective.value(probs, self.item)
@@ -192,11 +193,12 @@ class ItemState:
             current.queries, current.first_success_query = spent, first
 
     def cell_fill(self, family: str, candidate: Candidate) -> int:
-        """How many successes the run's archive holds in the candidate's cell (its category, family, template
-        family)."""
-        return self.learner.archive.fill(self.item.category, family, template_cell(candidate))
+        """How many of the category's successes in the family the run's archive holds with the candidate's most
+        crowded template (Archive.fill)."""
+        return self.learner.archive.fill(self.item.category, family, templates_of(candidate))
 
-    def observe(self, candidate: Candidate, aim_lead: float, success: bool, screened: bool = False) -> None:
+    def observe(self, candidate: Candidate, family: str | None, aim_lead: float, success: bool,
+                screened: bool = False) -> None:
         """Notes a scored candidate for the learner: the arm that made it from its nearest scored ancestor, its
         gain in the aim's lead (objectives.lead: what success with the margin reads) over that ancestor and over
         the clean prompt; the item's own copy of the learner learns it at once. A screened-out candidate's lead is
@@ -210,7 +212,7 @@ class ItemState:
             observation = Observation("+".join(added_arms(candidate, ancestor)), composition_of(candidate),
                                       aim_lead - leads[prompt_key(ancestor)], aim_lead - clean, success,
                                       candidate.natural and not candidate.forced_choice,
-                                      "+".join(replaced_arms(candidate, ancestor)), family_of(candidate) or "")
+                                      "+".join(replaced_arms(candidate, ancestor)), family or "")
             self.observations.append(observation)
             self.learner.observe(observation)
         if not screened:
@@ -539,13 +541,20 @@ def expected_gain(drawn: RoundDraws, candidate: Candidate, parent: Candidate) ->
 
 
 def open_families(ctx: SearchContext, state: ItemState) -> list[str]:
-    """The searched families still to serve on this item: no success yet and, where the config fixes a family's
-    share of the budget, some of it left; the least served first (queries spent on each), then in config order."""
+    """The searched families still to serve on this item, where the config fixes a family's share of the budget
+    with some of it left: first those with no success yet, then those whose success carries a template the archive
+    already holds (a success with rarer templates would replace it: FamilyBest.better_than); within each, the least
+    served first (queries spent on each), then in config order."""
     shares, budget = ctx.config.family_shares, state.budget
     spent = {f: state.families[f].queries if f in state.families else 0 for f in ctx.config.families}
-    wanted = [f for f in ctx.config.families if not state.family_succeeded(f)
-              and (f not in shares or spent[f] < shares[f] * budget)]
-    return sorted(wanted, key=lambda f: spent[f])  # sorted() is stable: config order breaks ties
+    wanted = [f for f in ctx.config.families if (f not in shares or spent[f] < shares[f] * budget)
+              and (not state.family_succeeded(f) or crowding(state, f) > 0)]
+    return sorted(wanted, key=lambda f: (state.family_succeeded(f), spent[f]))  # stable: config order breaks ties
+
+
+def crowding(state: ItemState, family: str) -> int:
+    """The archive fill of the family's best prompt on this item (0 when it has none)."""
+    return state.cell_fill(family, state.families[family].candidate) if family in state.families else 0
 
 
 class FirstAdmissible:
@@ -574,9 +583,10 @@ def family_search(ctx: SearchContext, state: ItemState) -> SearchMethod:
     prompt and each open family's best. Until the item's first success the headline's proposals are scored (those
     on the best prompt ranked by drawn gain, as the family-blind search ranks them) but for `family_share` of the
     candidates, at least one a round left to the headline. Those, and every slot after the first success, go in turn
-    to each open family not yet in the round: its proposals from any of those prompts ranked by expected lead (the
-    prompt's lead plus the drawn gain), a template family whose archive cell already holds much of this category's
-    successes ranked lower (`coverage`)."""
+    to each open family not yet in the round (open_families): its proposals from any of those prompts ranked by
+    expected lead (the prompt's lead plus the drawn gain), a prompt whose templates already carry much of this
+    category's successes in the family ranked lower (`coverage`); a family with a success is served only prompts
+    whose templates the archive holds less than its success's."""
     root = Candidate.root(state.item)
     yield Request([root])
     category = state.item.category
@@ -617,8 +627,11 @@ def family_search(ctx: SearchContext, state: ItemState) -> SearchMethod:
                     break
                 chosen.append(found)
         headline_picks = list(chosen)
-        served = {f: sorted(((v - ctx.config.coverage * state.learner.archive.share(category, f, template_cell(c)),
-                              order, c) for v, order, c, family in expected.values() if family == f),
+        archive = state.learner.archive
+        ceiling = {f: crowding(state, f) if state.family_succeeded(f) else math.inf for f in families}
+        served = {f: sorted(((v - ctx.config.coverage * archive.share(category, f, templates_of(c)), order, c)
+                             for v, order, c, family in expected.values()
+                             if family == f and state.cell_fill(f, c) < ceiling[f]),
                             key=lambda t: (-t[0], t[1]))
                   for f in families if f not in {family_of(c) for c in chosen}}
         while len(chosen) < population and served:  # then one proposal per open family in turn

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from flexsearch.candidate import Candidate, Edit, replay
+from flexsearch.candidate import Candidate, replay, variant_id
 from flexsearch.errors import InputError
 from flexsearch.items import CONDITIONS, POLARITIES, Item, RecordFields, iter_csv, iter_jsonl
 from flexsearch.objectives import attack_eligible, get_objective
@@ -49,14 +49,6 @@ def flex_attack_label(candidate: Candidate) -> tuple[str, str]:
         return UNATTACKED, UNATTACKED
     families = dict.fromkeys(FLEX_FAMILIES.get(e.operator, "text") for e in candidate.edits)
     return "+".join(families), "+".join(variant_id(e) for e in candidate.edits)
-
-
-def variant_id(edit: Edit) -> str:
-    args = dict(edit.args)
-    if "template" in args:  # persona / instruction: family and template index within it
-        family = args.get("family", edit.operator)
-        return f"{edit.operator}:{'' if family == edit.operator else f'{family}.'}{args['template']}"
-    return f"{edit.operator}:{args.get('bug', 'word')}"  # TextBugger names its bug; BERT-Attack swaps a word
 
 
 def split_row(outcome_record: dict[str, Any], item: Item, prompt: str,

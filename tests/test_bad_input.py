@@ -3,6 +3,7 @@ traceback, and every file of the run directories that already existed left byte-
 
 from __future__ import annotations
 
+import codecs
 import json
 import re
 import shutil
@@ -163,6 +164,9 @@ def _encodings(root: Path, files: dict[str, Path]) -> None:
     latin = dict(_seed_record(), context=_seed_record()["context"] + " Café.")
     for name, raw in (("utf8-bom.jsonl", b"\xef\xbb\xbf" + text.encode()),
                       ("utf16-bom.jsonl", text.encode("utf-16")),
+                      ("utf16be-bom.jsonl", codecs.BOM_UTF16_BE + text.encode("utf-16-be")),
+                      ("utf32-bom.jsonl", text.encode("utf-32")),
+                      ("utf32be-bom.jsonl", codecs.BOM_UTF32_BE + text.encode("utf-32-be")),
                       ("utf16-no-bom.jsonl", text.encode("utf-16-le")),
                       ("latin1.jsonl", (json.dumps(latin, ensure_ascii=False) + "\n").encode("latin-1")),
                       ("cp1252.yaml", "budget: 10  # “quoted”\n".encode("cp1252")),
@@ -505,6 +509,23 @@ def test_bad_input_is_one_line_exit_two_and_changes_nothing(world, args, message
     assert snapshot(existing) == before
     assert not (world["root"] / "new-run").exists() and not (world["root"] / "new-eval").exists()
     assert not (world["root"] / "r.html").exists() and not (world["root"] / "a").exists()
+
+
+@pytest.mark.parametrize(("name", "codec"), [
+    ("utf8-bom.jsonl", "utf-8-sig"), ("utf16-bom.jsonl", "utf-16"), ("utf16be-bom.jsonl", "utf-16"),
+    ("utf32-bom.jsonl", "utf-32"), ("utf32be-bom.jsonl", "utf-32"), ("utf8-bom.csv", "utf-8-sig")])
+def test_a_file_with_a_byte_order_mark_reads_through_the_cli_as_its_plain_utf8_twin(world, name, codec, tmp_path):
+    twin = tmp_path / f"plain{Path(name).suffix}"
+    twin.write_text(world[name].read_bytes().decode(codec), encoding="utf-8")  # Python's codecs drop the BOM
+
+    def predictions(data: Path, out: Path) -> list[dict]:
+        result = runner.invoke(app, ["evaluate", "--model", str(world["model"]), "--data", str(data),
+                                     "--device", "cpu", "--out", str(out)])
+        assert result.exit_code == 0, result.output
+        return [json.loads(line) for line in (out / "predictions.jsonl").read_text().splitlines()]
+
+    read = predictions(world[name], tmp_path / "bom")
+    assert len(read) == 1 and read == predictions(twin, tmp_path / "plain")  # same item, same text, same scores
 
 
 def test_there_are_at_least_sixty_cases():

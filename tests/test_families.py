@@ -18,7 +18,7 @@ from flexsearch.comparison import compare_runs, format_comparison
 from flexsearch.config import load_config
 from flexsearch.diversity import diversity, mean_pairwise_cosine
 from flexsearch.errors import FlexsearchError
-from flexsearch.families import FAMILIES, FLEX_NAMES, Archive, family_of, template_cell
+from flexsearch.families import FAMILIES, FLEX_NAMES, Archive, family_of, templates_of
 from flexsearch.objectives import attack_eligible, get_objective
 from flexsearch.search_loop import ItemState, Request, open_families
 
@@ -49,10 +49,12 @@ def test_a_prompt_belongs_to_the_family_of_what_it_carries(seed_items):
     assert family_of(_word(_persona(root))) == "composition"
     assert family_of(_instruction(_persona(root))) == "composition"
     assert family_of(root.with_slot("adversarial_suffix", "suffix", "zx qv")) is None  # research only
-    cell = template_cell(_word(_instruction(_persona(root))))
-    assert cell == "instruction/fake_majority+persona/role_play+textbugger"
+    cells = templates_of(_word(_instruction(_persona(root))))
+    assert cells == ["instruction:fake_majority.0", "persona:role_play.0", "textbugger:insert"]
     swapped = _persona(_persona(root, 0), 1)  # a slot's last template holds it
-    assert template_cell(swapped) == "persona/role_play" and family_of(swapped) == "persona"
+    assert templates_of(swapped) == ["persona:role_play.1"] and family_of(swapped) == "persona"
+    cleared = swapped.with_slot("persona", "persona", "")  # a slot cleared holds no template
+    assert templates_of(cleared) == [] and family_of(cleared) is None
 
 
 def _state(item, budget: int = 60) -> ItemState:
@@ -104,7 +106,7 @@ def test_a_screened_family_prompt_counts_as_searched_and_gives_way_to_a_scored_o
 def test_among_successes_the_least_filled_archive_cell_wins(seed_items):
     item = seed_items[0]
     state = _state(item)
-    state.learner.archive.cells[(item.category, "persona", "persona/role_play")] = 5
+    state.learner.archive.cells[(item.category, "persona", "persona:role_play.0")] = 5
     root = Candidate.root(item)
     state.record(Request([root]), np.eye(3)[item.gold][None])
     crowded = _persona(root, 0)
@@ -129,7 +131,34 @@ def test_open_families_serve_the_least_served_first_and_honour_fixed_shares(seed
     assert "text" not in open_families(ctx, state)  # 3 queries >= 0.1 x 20: its share is spent
     success = np.eye(3)[item.target]
     state.record(Request([_instruction(root)]), success[None])
-    assert "instruction" not in open_families(ctx, state)  # it has its success
+    assert "instruction" not in open_families(ctx, state)  # it has its success, its template not yet in the archive
+
+
+def test_a_family_whose_success_repeats_the_archive_stays_open_for_rarer_templates_only(seed_items, tiny_scorer):
+    from flexsearch.search_loop import build_context, family_search
+
+    config = load_config("default", ["families=[persona]", "operators=[{name: persona, n: 2}]", "population=4"],
+                         budget=60)
+    ctx = build_context(config, tiny_scorer, "stereotype")
+    item = seed_items[0]
+    state = _state(item)
+    clean = np.full(3, 0.1)
+    clean[item.gold] = 0.8
+    search = family_search(ctx, state)
+    state.record(next(search), clean[None])
+    assert attack_eligible(ctx.objective, item, clean)
+    hit = np.eye(3)[item.target]
+    first = search.send(None)  # the first round: no success yet, every proposal a persona template
+    state.record(first, np.array([hit] * len(first.candidates)))
+    best = state.families["persona"].candidate
+    assert open_families(ctx, state) == []  # its success carries no template the archive holds
+    state.learner.archive.cells[(item.category, "persona", templates_of(best)[0])] = 3
+    assert open_families(ctx, state) == ["persona"]  # now a rarer template's success would replace it
+    again = search.send(None)
+    assert again.candidates and all(templates_of(c) != templates_of(best) for c in again.candidates)
+    assert all(state.cell_fill("persona", c) < 3 for c in again.candidates)
+    state.record(again, np.array([hit] * len(again.candidates)))
+    assert templates_of(state.families["persona"].candidate) != templates_of(best)  # a rarer success replaced it
 
 
 @pytest.mark.parametrize(("setting", "message"), [
@@ -186,14 +215,23 @@ def test_the_width_measures_on_a_hand_built_split():
     assert diversity([_row(["persona:role_play.0"], False)], None)["top_template"] is None
 
 
-def test_the_archive_counts_family_successes_by_category_and_template_family():
+def test_the_archive_counts_family_successes_by_category_and_template():
     archive = Archive.empty()
-    persona = {"field": "persona", "operator": "persona", "after": "x", "args": {"family": "role_play"}}
-    archive.add_record({"category": "Age", "families": {"persona": {"success": True, "chain": [persona]},
+
+    def slot(field: str, family: str, k: int) -> dict:
+        return {"field": field, "operator": field if field == "persona" else "instruction", "position": None,
+                "before": "", "after": "x", "args": {"family": family, "template": k}}
+
+    both = [slot("persona", "role_play", 0), slot("directive", "fake_majority", 1)]
+    archive.add_record({"category": "Age", "families": {"composition": {"success": True, "chain": both},
                                                         "text": {"success": False, "chain": []}}})
-    archive.add_record({"category": "Age", "families": {"persona": {"success": True, "chain": [persona]}}})
-    assert archive.fill("Age", "persona", "persona/role_play") == 2 and archive.fill("Age", "text", "") == 0
-    assert archive.share("Age", "persona", "persona/role_play") == 1.0 and archive.share("Age", "text", "x") == 0
+    archive.add_record({"category": "Age", "families": {"composition": {"success": True, "chain": both[:1] + [
+        slot("directive", "fictional_framing", 0)]}}})
+    assert archive.fill("Age", "composition", ["persona:role_play.0"]) == 2  # in both successes
+    assert archive.fill("Age", "composition", ["instruction:fake_majority.1", "persona:role_play.1"]) == 1
+    assert archive.fill("Age", "text", []) == 0 and archive.fill("Race", "composition", ["persona:role_play.0"]) == 0
+    assert archive.share("Age", "composition", ["persona:role_play.0"]) == 0.5  # 2 of the 4 template uses
+    assert archive.share("Age", "text", ["x"]) == 0
     assert Archive.from_dict(archive.to_dict()) == archive
 
 

@@ -151,8 +151,8 @@ def test_forced_choice_rows_never_reach_the_benchmark_split(tiny_model_dir, tmp_
     block = score["stereotype"]
     assert block["forced_choice"]["rows"] == len(forced)
     assert block["summary"]["forced_choice"] + block["eligible_items"] <= 8
-    for row in forced:  # never counted as an attack success against the gold label
-        assert not row["success"] or row["forced_choice"]
+    # a forced row's success never counts toward the benchmark's ASR: its numerator is split.jsonl's successes
+    assert block["asr"]["k"] == sum(r["success"] for r in split) and block["asr"]["n"] == block["eligible_items"]
     assert "forced_choice" in (out / "split-forced.csv").read_text().splitlines()[0]
     audit = runner.invoke(app, ["audit", str(out), "--strict"])
     assert audit.exit_code == 0 and f"0 of {len(split)} rows break a rule" in audit.output
@@ -233,7 +233,10 @@ def test_old_runs_are_audited_from_their_text(tmp_path: Path):
 
 
 def test_a_trace_chain_is_forced_choice_when_its_slot_still_holds_a_forced_template():
-    from flexsearch.candidate import chain_forced_choice
+    from flexsearch.candidate import chain_edits, forced_in_place
+
+    def chain_forced_choice(chain: list[dict]) -> bool:
+        return forced_in_place(chain_edits(chain))
 
     def step(field: str, effect: str) -> dict:
         return {"operator": "instruction", "field": field, "position": None, "before": "", "after": "x",

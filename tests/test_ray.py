@@ -6,9 +6,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -61,23 +58,45 @@ def test_two_workers_match_the_single_process_run(tiny_model_dir, tmp_path):
         assert score_local[key]["asr"] == score_ray[key]["asr"]
 
 
-def test_a_killed_worker_loses_nothing(tiny_model_dir, tmp_path):
+def _own_processes(named: str) -> list[int]:
+    """This test process's descendants whose command line holds `named` (Ray starts its workers below it)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # gone meanwhile
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = [], list(children.get(os.getpid(), []))
+    while todo:
+        pid = todo.pop()
+        todo += children.get(pid, [])
+        try:
+            if named in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace"):
+                found.append(pid)
+        except OSError:
+            continue
+    return found
+
+
+def test_a_killed_worker_loses_nothing(tiny_model_dir, tmp_path, monkeypatch):
     config = load_config("default", [*SETTINGS[:2], "item_batch=1"], budget=12)
     run = tmp_path / "killed"
     target = api.Target(str(tiny_model_dir), device="cpu")
-    search = threading.Thread(target=api.search, args=("seed",),
-                              kwargs={"model": target, "out": run, "config": config, "limit": 16,
-                                      "ray": api.RayOptions(workers=2)})
-    search.start()
-    deadline = time.time() + 300
-    while time.time() < deadline and (not (run / "trace.jsonl").exists()
-                                      or len((run / "trace.jsonl").read_text().splitlines()) < 2):
-        time.sleep(0.1)
-    pids = subprocess.run(["pgrep", "-f", "ray::SearchWorker"], capture_output=True, text=True).stdout.split()
-    assert pids, "no Ray worker process found"
-    os.kill(int(pids[0]), signal.SIGKILL)
-    search.join(timeout=600)
-    assert not search.is_alive()
+    killed: list[int] = []
+    append = api.append_jsonl
+
+    def append_then_kill_a_worker(path: Path, records: list[dict]) -> None:
+        append(path, records)
+        if not killed:  # the first finished batch: kill one of the workers this search started, no other
+            workers = _own_processes("ray::SearchWorker")
+            assert workers, "no Ray worker of this test's search found"
+            killed.append(workers[0])
+            os.kill(workers[0], signal.SIGKILL)
+
+    monkeypatch.setattr(api, "append_jsonl", append_then_kill_a_worker)
+    api.search("seed", model=target, out=run, config=config, limit=16, ray=api.RayOptions(workers=2))
+    assert killed
     trace = [(r["objective"], r["item_id"]) for r in read(run, "trace.jsonl")]
     assert len(trace) == len(set(trace)) == 32  # 16 items × 2 objectives, none lost, none twice
     assert len(read(run, "split.jsonl")) == 16

@@ -8,7 +8,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -148,22 +147,18 @@ def test_changed_settings_refuse_to_resume(tiny_run, tiny_model_dir):
     assert result.exit_code == 2 and "different settings (search.budget)" in result.output
 
 
-def test_resume_after_kill_equals_uninterrupted_run(tiny_model_dir, tmp_path):
-    args = [sys.executable, "-m", "flexsearch.cli", "search", "--model", str(tiny_model_dir), "--data", "seed",
-            "--limit", "24", "--budget", "14", "--set", "item_batch=2", "--set", "learner_round=4", *FAST]
+def test_resume_after_kill_equals_uninterrupted_run(tiny_model_dir, tmp_path, cli_signalling_after):
+    args = ["search", "--model", str(tiny_model_dir), "--data", "seed", "--limit", "24", "--budget", "14",
+            "--set", "item_batch=2", "--set", "learner_round=4", *FAST]
+    cli = [sys.executable, "-m", "flexsearch.cli"]
     env = {**os.environ, "TQDM_DISABLE": "1"}
-    subprocess.run([*args, "--out", str(tmp_path / "whole")], check=True, env=env, capture_output=True)
-    killed = subprocess.Popen([*args, "--out", str(tmp_path / "resumed")], env=env,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    subprocess.run([*cli, *args, "--out", str(tmp_path / "whole")], check=True, env=env, capture_output=True)
+    killed = subprocess.run([*cli_signalling_after("append_jsonl", 3, "SIGKILL"), *args, "--out",
+                             str(tmp_path / "resumed")], env=env, capture_output=True, timeout=600)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr  # the limit only guards against a hang
     trace = tmp_path / "resumed" / "trace.jsonl"
-    deadline = time.time() + 120
-    while time.time() < deadline and (not trace.exists() or len(trace.read_text().splitlines()) < 6):
-        time.sleep(0.05)
-    killed.send_signal(signal.SIGKILL)
-    killed.wait()
-    written = len(trace.read_text().splitlines())
-    assert 0 < written < 48, "the kill must land mid-run"
-    subprocess.run([*args, "--out", str(tmp_path / "resumed")], check=True, env=env, capture_output=True)
+    assert len(trace.read_text().splitlines()) == 6  # killed as its third batch of 2 reached the trace
+    subprocess.run([*cli, *args, "--out", str(tmp_path / "resumed")], check=True, env=env, capture_output=True)
     whole = [json.loads(x) for x in (tmp_path / "whole" / "split.jsonl").read_text().splitlines()]
     resumed = [json.loads(x) for x in (tmp_path / "resumed" / "split.jsonl").read_text().splitlines()]
     assert [r["attack_chain"] for r in whole] == [r["attack_chain"] for r in resumed]
@@ -242,26 +237,26 @@ def test_the_screen_pays_only_for_the_prompts_it_scores(tiny_target, seed_items,
     assert charged[0] == sum(o.queries for o in outcomes[0])
 
 
-def test_ctrl_c_says_what_was_kept_and_how_to_resume(tiny_model_dir, tmp_path):
+@pytest.mark.parametrize(("step", "at", "said"), [
+    ("append_jsonl", 2, r"interrupted after 4 of 48 item searches; the finished ones are kept in \S*trace.jsonl: "
+                        r"rerun the same command to resume"),
+    ("_write_family_split", 1, r"interrupted while writing the outputs; all 48 item searches are kept in "
+                               r"\S*trace.jsonl: rerun the same command to write them")],
+    ids=["mid-search", "while-writing-the-outputs"])
+def test_ctrl_c_says_what_was_kept_and_how_to_resume(tiny_model_dir, tmp_path, cli_signalling_after, step, at, said):
     out = tmp_path / "interrupted"
-    args = [sys.executable, "-m", "flexsearch.cli", "search", "--model", str(tiny_model_dir), "--data", "seed",
-            "--limit", "24", "--budget", "14", "--set", "item_batch=2", *FAST, "--out", str(out)]
-    # A shell's background job inherits SIGINT ignored, and Python then installs no Ctrl-C handler: restore it.
-    process = subprocess.Popen(args, env={**os.environ, "TQDM_DISABLE": "1"}, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True,
-                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    trace = out / "trace.jsonl"
-    deadline = time.time() + 120
-    while time.time() < deadline and (not trace.exists() or len(trace.read_text().splitlines()) < 4):
-        time.sleep(0.05)
-    process.send_signal(signal.SIGINT)
-    _, stderr = process.communicate(timeout=120)
-    assert process.returncode == 130, stderr
-    kept = len(trace.read_text().splitlines())
-    assert re.search(rf"interrupted after {kept} of 48 item searches; .*rerun the same command to resume", stderr)
-    assert "Traceback" not in stderr and not (out / ".lock").exists()
-    subprocess.run(args, check=True, env={**os.environ, "TQDM_DISABLE": "1"}, capture_output=True)
-    assert len(trace.read_text().splitlines()) == 48
+    args = ["search", "--model", str(tiny_model_dir), "--data", "seed", "--limit", "24", "--budget", "14",
+            "--set", "item_batch=2", *FAST, "--out", str(out)]
+    env = {**os.environ, "TQDM_DISABLE": "1", "NO_COLOR": "1"}
+    interrupted = subprocess.run([*cli_signalling_after(step, at, "SIGINT"), *args], env=env, capture_output=True,
+                                 text=True, timeout=600)
+    assert interrupted.returncode == 130, interrupted.stderr
+    lines = [line for line in interrupted.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and re.fullmatch(said, lines[0]), interrupted.stderr  # one line, no traceback
+    assert not (out / ".lock").exists() and not (out / "score.json").exists()
+    rerun = subprocess.run([sys.executable, "-m", "flexsearch.cli", *args], env=env, capture_output=True, text=True)
+    assert rerun.returncode == 0, rerun.stderr
+    assert len((out / "trace.jsonl").read_text().splitlines()) == 48 and (out / "score.json").is_file()
 
 
 def test_a_budget_that_never_reaches_an_operator_is_refused_or_said(tiny_model_dir, tmp_path):

@@ -11,7 +11,6 @@ import re
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -429,7 +428,7 @@ def test_bad_served_input_is_one_line_before_anything_is_written(cache, tmp_path
 
 
 @pytest.mark.slow
-def test_server_killed_mid_search_then_restarted_resumes_exactly(server, cache, tmp_path):
+def test_server_killed_mid_search_then_restarted_resumes_exactly(server, cache, tmp_path, cli_signalling_after):
     """A server lost mid-search: the retry lines, then one error line and exit 1 with the finished items kept;
     restarted, the same command resumes and the split equals an uninterrupted run's."""
     items = 3  # searched toward both objectives: 6 trace records in all
@@ -440,24 +439,22 @@ def test_server_killed_mid_search_then_restarted_resumes_exactly(server, cache, 
                                "--no-request-cache"]).exit_code == 0
     own = LlamaServer(embedded_gguf()).start()
     out = tmp_path / "interrupted"
-    command = [sys.executable, "-m", "flexsearch.cli", *args, "--base-url", own.base_url, "--out", str(out)]
+    command = [*args, "--base-url", own.base_url, "--out", str(out)]
     try:
-        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                   env={**os.environ, "NO_COLOR": "1"})
-        trace = out / "trace.jsonl"
-        deadline = time.monotonic() + 300
-        while not (trace.is_file() and trace.read_text().count("\n") >= 1) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        own.kill()
-        _, stderr = process.communicate(timeout=120)
+        assert own.process is not None  # started in its own session: its process group is its pid
+        # the search kills the server as its first item's record reaches the trace (kill -9 on the group)
+        process = subprocess.run([*cli_signalling_after("append_jsonl", 1, "SIGKILL", own.process.pid), *command],
+                                 capture_output=True, text=True, env={**os.environ, "NO_COLOR": "1"}, timeout=600)
+        own.process.wait()
+        stderr = process.stderr
         assert process.returncode == 1, stderr
         assert "retry 1 of 2" in stderr
         errors = [line for line in stderr.splitlines() if line.startswith("error:")]
         assert len(errors) == 1 and "rerun the same command to resume" in errors[0]
-        kept = trace.read_text().count("\n")
-        assert 1 <= kept < 2 * items and not (out / "split.jsonl").exists()
+        kept = (out / "trace.jsonl").read_text().count("\n")
+        assert kept == 1 and not (out / "split.jsonl").exists()
         own.start()
-        resumed = subprocess.run(command, capture_output=True, text=True)
+        resumed = subprocess.run([sys.executable, "-m", "flexsearch.cli", *command], capture_output=True, text=True)
         assert resumed.returncode == 0, resumed.stderr
     finally:
         own.stop()
