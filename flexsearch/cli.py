@@ -14,7 +14,7 @@ import typer
 import typer.core
 from typer._click import exceptions as click_errors  # typer 0.29 vendors click
 
-from flexsearch.errors import FlexsearchError, Interrupted, ServerUnavailable, os_error_line
+from flexsearch.errors import LARGEST, FlexsearchError, Interrupted, ServerUnavailable, os_error_line
 from flexsearch.served_defaults import SERVED_DEFAULTS
 
 
@@ -68,7 +68,10 @@ def main(version: Annotated[bool, typer.Option("--version", callback=_print_vers
 
 
 def _option(panel: str, help_text: str, **kwargs: Any) -> Any:
-    """An option shown in its help panel (Model, Data, Search, Scoring, Output, Ray)."""
+    """An option shown in its help panel (Model, Data, Search, Scoring, Output, Ray); a bounded number is at most
+    LARGEST unless it says otherwise."""
+    if "min" in kwargs:
+        kwargs.setdefault("max", LARGEST)
     return typer.Option(rich_help_panel=panel, help=help_text, **kwargs)
 
 
@@ -264,10 +267,10 @@ def search(
 def mutate(
     item: Annotated[str, typer.Option(help="Item id (see predictions.jsonl), or its 0-based index.")] = "0",
     operator: Annotated[str, typer.Option(help="Operator name (see `flexsearch list`).")] = "textbugger",
-    n: Annotated[int, typer.Option(min=1, help="How many accepted mutations to print.")] = 10,
+    n: Annotated[int, typer.Option(min=1, max=LARGEST, help="How many accepted mutations to print.")] = 10,
     data: Annotated[str, typer.Option(help="BBQ .jsonl, FLEX .csv, or 'seed'.")] = "seed",
     set_: Annotated[list[str] | None, typer.Option("--set", help="Operator setting key=value.")] = None,
-    seed: Annotated[int, typer.Option(min=0, help="Random seed (0 or more).")] = 0,
+    seed: Annotated[int, typer.Option(min=0, max=LARGEST, help="Random seed (0 or more).")] = 0,
 ) -> None:
     """Print accepted mutations of one item by one operator, with their edits (no target model; word operators
     load the small sentence encoder of the similarity constraint)."""
@@ -354,11 +357,11 @@ def finetune(
                                                      "than gold).")] = 0.5,
     eval_share: Annotated[float, typer.Option(help="Share of each category's templates held out for evaluation "
                                                    "(0: train on everything).")] = 0.2,
-    split_seed: Annotated[int, typer.Option(min=0, help="Seed of the template split.")] = 0,
+    split_seed: Annotated[int, typer.Option(min=0, max=LARGEST, help="Seed of the template split.")] = 0,
     init_adapter: Annotated[Path | None, typer.Option(help="Continue training from this flexsearch adapter.")] = None,
     autocast_bf16: Annotated[bool, typer.Option(help="bf16 matmuls under fp32 master weights (faster on CPUs "
                                                      "with AMX and on GPUs).")] = False,
-    seed: Annotated[int, typer.Option(min=0, help="Random seed (0 or more).")] = 0,
+    seed: Annotated[int, typer.Option(min=0, max=LARGEST, help="Random seed (0 or more).")] = 0,
     device: DeviceOpt = None,
 ) -> None:
     """Train a LoRA adapter under a label policy on a template-disjoint split (the calibration zoo)."""
@@ -409,17 +412,20 @@ def tune(
     target: dict[str, Any],
     space: Annotated[str, typer.Option(help="Search space: a name in configs/tune/ or a YAML path.")],
     data: Annotated[str, typer.Option(help="BBQ .jsonl, FLEX .csv, or 'seed'.")] = "seed",
-    trials: Annotated[int, typer.Option(min=1, help="Finished trials the study should hold (over all workers).")] = 20,
-    budget: Annotated[int, typer.Option(min=2, help="Prompts scored per item in every trial.")] = 40,
+    trials: Annotated[int, typer.Option(min=1, max=LARGEST,
+                                        help="Finished trials the study should hold (over all workers).")] = 20,
+    budget: Annotated[int, typer.Option(min=2, max=LARGEST, help="Prompts scored per item in every trial.")] = 40,
     out: Annotated[Path | None, typer.Option(help="Run directory (default runs/tune-<space>).")] = None,
     storage: Annotated[str | None, typer.Option(help="Optuna RDB URL shared by several workers "
                                                      "(default: sqlite file in the run directory).")] = None,
-    dev_items: Annotated[int, typer.Option(min=1, help="Attack-eligible items each trial searches (the seed set has 22 "
+    dev_items: Annotated[int, typer.Option(min=1, max=LARGEST,
+                                           help="Attack-eligible items each trial searches (the seed set has 22 "
                                                 "on SmolLM2; a BBQ file gives room for more).")] = 12,
-    holdout_items: Annotated[int, typer.Option(min=1, help="Attack-eligible items kept out of tuning for the held-out "
+    holdout_items: Annotated[int, typer.Option(min=1, max=LARGEST,
+                                               help="Attack-eligible items kept out of tuning for the held-out "
                                                     "check.")] = 8,
     holdout: Annotated[bool, typer.Option(help="Re-run the best and the default config on held-out items.")] = True,
-    seed: Annotated[int, typer.Option(min=0, help="Random seed (0 or more).")] = 0,
+    seed: Annotated[int, typer.Option(min=0, max=LARGEST, help="Random seed (0 or more).")] = 0,
 ) -> None:
     """Optuna study over search configurations: best config YAML, trials CSV, importances, held-out check."""
     from flexsearch import api

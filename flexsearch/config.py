@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from flexsearch.errors import FlexsearchError, InputError
+from flexsearch.errors import LARGEST, FlexsearchError, InputError
 from flexsearch.families import FAMILIES
 from flexsearch.objectives import SUCCESS_MARGIN
 from flexsearch.render import MODES, SLOTS, SYSTEM_NEEDS_CHAT
@@ -118,9 +118,21 @@ def preset_names() -> list[str]:
                   if p.name.endswith(".yaml"))
 
 
-class NoAliasLoader(yaml.SafeLoader):
+class StrictLoader(yaml.SafeLoader):
     """A safe loader that refuses YAML aliases (`*name`): a config never needs them, and a few lines of nested
-    aliases expand to billions of nodes (a 'billion laughs' bomb that would hang the program)."""
+    aliases expand to billions of nodes (a 'billion laughs' bomb that would hang the program); and a key given
+    twice in one mapping, where YAML would silently keep the last."""
+
+    def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+        first: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if isinstance(key, (str, int, float, bool)) or key is None:
+                if key in first:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"key '{key}' is given twice (first at line {first[key]})", key_node.start_mark)
+                first[key] = key_node.start_mark.line + 1
+        return super().construct_mapping(node, deep)
 
     def compose_node(self, parent: Any, index: Any) -> Any:
         if self.check_event(yaml.AliasEvent):
@@ -132,7 +144,7 @@ class NoAliasLoader(yaml.SafeLoader):
 
 def safe_yaml(text: str) -> Any:
     """YAML text as data, with the safe loader and no aliases."""
-    return yaml.load(text, Loader=NoAliasLoader)  # noqa: S506  (NoAliasLoader is a SafeLoader)
+    return yaml.load(text, Loader=StrictLoader)  # noqa: S506  (StrictLoader is a SafeLoader)
 
 
 def read_yaml(path: Path) -> tuple[Any, dict[str, int]]:
@@ -141,7 +153,7 @@ def read_yaml(path: Path) -> tuple[Any, dict[str, int]]:
     A syntax error or an unsafe tag (`!!python/...`) is one InputError naming the file and line."""
     try:
         text = read_text(path)
-        node = yaml.compose(text, Loader=NoAliasLoader)
+        node = yaml.compose(text, Loader=StrictLoader)
         data = safe_yaml(text)
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
@@ -228,6 +240,8 @@ def check_settings(cls: type, data: dict[str, Any], origins: Origins, prefix: st
             raise origins.error(dotted, f"must be a finite number, got {value}")
         if dotted in _BELOW and value >= _BELOW[dotted]:
             raise origins.error(dotted, f"must be below {_BELOW[dotted]:g}, got {value}")
+        if isinstance(value, int) and not isinstance(value, bool) and value > LARGEST:
+            raise origins.error(dotted, f"must be at most {LARGEST} (far beyond what a run can use), got {value}")
         if dotted in _RANGES and value < _RANGES[dotted][0]:
             least, what = _RANGES[dotted]
             raise origins.error(dotted, f"must be at least {least:g} ({what}), got {value}")

@@ -7,6 +7,9 @@ from pathlib import Path
 
 # OSErrors of the machine rather than of a path the user named: exit 1, not 2
 ENVIRONMENT_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.ENOMEM, errno.EMFILE, errno.ENFILE})
+# The most any integer option or setting may be: far beyond what a run can use (a larger one is a typo) and within
+# what every file format the run writes holds (Parquet's int32 columns included).
+LARGEST = 2**31 - 1
 
 
 class FlexsearchError(Exception):

@@ -25,6 +25,7 @@ from flexsearch.textfile import check_regular_file, read_text
 CONDITIONS = ("ambig", "disambig")
 POLARITIES = ("neg", "nonneg", "unknown")
 SEED = "seed"  # the data name that selects the packaged seed set
+COMPRESSED = {".gz": "gunzip", ".bz2": "bunzip2", ".xz": "unxz", ".zst": "unzstd", ".zip": "unzip"}
 
 
 @dataclass(frozen=True)
@@ -354,6 +355,9 @@ def load_items(source: str | Path, limit: int | None = None) -> LoadResult:
             records, parse = iter_csv(path), parse_flex_row
         elif path.suffix in (".jsonl", ".json"):
             records, parse = iter_jsonl(path), parse_bbq_record
+        elif path.suffix in COMPRESSED:
+            raise InputError(path, None, None, f"a compressed file ({path.suffix}): decompress it first "
+                                               f"({COMPRESSED[path.suffix]}); expected .jsonl (BBQ) or .csv (FLEX)")
         else:
             raise InputError(path, None, None, "unknown format: expected .jsonl (BBQ) or .csv (FLEX)")
     result = LoadResult(items=[], path=str(path))

@@ -4,7 +4,10 @@ traceback, and every file of the run directories that already existed left byte-
 from __future__ import annotations
 
 import codecs
+import errno
+import gzip
 import json
+import os
 import re
 import shutil
 from collections.abc import Callable
@@ -46,6 +49,13 @@ def world(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dic
     write("types.yaml", "method: beam\nbudget: abc\n")
     write("range.yaml", "method: beam\nscoring:\n  batch_size: 0\n")
     write("unknown-key.yaml", "method: beam\nbudgett: 10\n")
+    write("duplicate-key.yaml", "method: beam\nbudget: 10\nscoring:\n  batch_size: 4\nbudget: 20\n")
+    write("blank-lines.jsonl", "\n   \n\t\n")
+    write("empty.jsonl", "")
+    seed_line = json.dumps(_seed_record()) + "\n"
+    write("duplicate-ids.jsonl", seed_line + seed_line)
+    (root / "seed.jsonl.gz").write_bytes(gzip.compress(seed_line.encode()))
+    files["seed.jsonl.gz"] = root / "seed.jsonl.gz"
     write("alias-bomb.yaml", "a: &a [x, x, x, x, x, x, x, x, x]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a]\n"
                              "c: &c [*b, *b, *b, *b, *b, *b, *b, *b, *b]\nd: [*c, *c, *c, *c, *c, *c, *c, *c, *c]\n")
     write("missing-field.jsonl", '{"example_id": 1}\n')
@@ -486,6 +496,22 @@ CASES: list[tuple[str, list[str], str]] = [
      "declares base model 'meta-llama/Llama-3.2-1B', not this target"),
     ("escape-sequence-in-an-option", S("--objective", "\x1b[2Jstereo"), "unknown objective '\\x1b[2Jstereo'"),
     ("escape-sequence-in-a-path", S("--data", "{root}/\x1b]0;title\x07.jsonl"), "\\x1b]0;title\\x07.jsonl: file"),
+    # issue 46's classes: the same item twice, files with no item, compressed data, a key given twice, a limit
+    # integers no run can use (a limit beyond the data is a cap, not an error: test_a_limit_beyond_the_data_...)
+    ("data-duplicate-ids", S("--data", "{duplicate-ids.jsonl}"),
+     "duplicate-ids.jsonl:2: field 'example_id': duplicate item id 'Age-age-phone-ambig-neg'"),
+    ("data-empty-file", S("--data", "{empty.jsonl}"), "empty.jsonl: no usable items"),
+    ("data-blank-lines-only", E("--data", "{blank-lines.jsonl}"), "blank-lines.jsonl: no usable items"),
+    ("data-gzip", S("--data", "{seed.jsonl.gz}"), "seed.jsonl.gz: a compressed file (.gz): decompress it first "
+                                                  "(gunzip)"),
+    ("config-duplicate-key", S("--config", "{duplicate-key.yaml}"),
+     "duplicate-key.yaml:5: YAML error: key 'budget' is given twice (first at line 2)"),
+    ("set-duplicate-key", S("--set", "operators=[{name: persona, n: 2, n: 3}]"),
+     "--set operators=[{name: persona, n: 2, n: 3}]: the value is not valid YAML (key 'n' is given twice"),
+    ("budget-too-large", S("--budget", str(10**30)), "--budget: field 'budget': must be at most 2147483647"),
+    ("limit-too-large", E("--limit", str(2**31)), "'--limit': Input should be less than or equal to 2147483647"),
+    ("set-too-large", S("--set", f"population={10**30}"), "field 'population': must be at most 2147483647"),
+    ("config-too-large", S("--set", f"scoring.batch_size={2**63}"), "field 'scoring.batch_size': must be at most"),
 ]
 
 
@@ -526,6 +552,49 @@ def test_a_file_with_a_byte_order_mark_reads_through_the_cli_as_its_plain_utf8_t
 
     read = predictions(world[name], tmp_path / "bom")
     assert len(read) == 1 and read == predictions(twin, tmp_path / "plain")  # same item, same text, same scores
+
+
+def test_a_limit_beyond_the_data_takes_every_item_and_the_run_says_how_many(world, tmp_path):
+    out = tmp_path / "run"
+    result = runner.invoke(app, ["evaluate", "--model", str(world["model"]), "--data", str(world["utf8-bom.jsonl"]),
+                                 "--limit", "1000", "--device", "cpu", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert len((out / "predictions.jsonl").read_text().splitlines()) == 1  # --limit caps; the file holds one item
+    assert json.loads((out / "score.json").read_text())["n_items"] == 1
+
+
+def test_crlf_line_endings_read_as_their_lf_twin(world, tmp_path):
+    from flexsearch.seed import seed_records
+
+    records = [json.dumps(r) for _, r in seed_records()[:3]]
+    (tmp_path / "crlf.jsonl").write_bytes("\r\n".join(records).encode() + b"\r\n")
+    (tmp_path / "lf.jsonl").write_text("\n".join(records) + "\n")
+    runs = []
+    for name in ("crlf", "lf"):
+        result = runner.invoke(app, ["evaluate", "--model", str(world["model"]), "--data",
+                                     str(tmp_path / f"{name}.jsonl"), "--device", "cpu", "--out", str(tmp_path / name)])
+        assert result.exit_code == 0, result.output
+        runs.append((tmp_path / name / "predictions.jsonl").read_text())
+    assert runs[0] == runs[1] and len(runs[0].splitlines()) == 3
+
+
+def test_an_unreadable_data_file_is_one_line_and_writes_nothing(world, tmp_path, monkeypatch):
+    data = tmp_path / "locked.jsonl"
+    data.write_text(json.dumps(_seed_record()) + "\n")
+    data.chmod(0)
+    if os.geteuid() == 0:  # root reads any file: deny it as the kernel denies anyone else
+        read_bytes = Path.read_bytes
+
+        def denied(path: Path) -> bytes:
+            if path == data:
+                raise PermissionError(errno.EACCES, "Permission denied", str(path))
+            return read_bytes(path)
+
+        monkeypatch.setattr(Path, "read_bytes", denied)
+    result = runner.invoke(app, _fill(S("--data", str(data), "--out", str(tmp_path / "run")), world))
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert result.exit_code == 2 and len(lines) == 1, result.output
+    assert lines[0] == f"error: {data}: cannot read file (Permission denied)" and not (tmp_path / "run").exists()
 
 
 def test_there_are_at_least_sixty_cases():
