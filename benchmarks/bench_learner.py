@@ -53,6 +53,8 @@ SEARCHES: dict[str, tuple[str, list[str]]] = {  # method → (preset, overrides)
     "learned-blind": ("default", ["families=[]"]),  # the learned default before attack families (issue 45)
     "beam": ("beam", ["steps=100"]),
     "random": ("beam", RANDOM),
+    "random-screen": ("beam", [*RANDOM, "screen_lead=-0.5"]),  # random with the default's pruning (issue 46)
+    "learned-noscreen": ("default", ["screen_lead=-1"]),  # the default without it
     # random search restricted to one attack family (its composition family is plain random's)
     "random-persona": ("beam", [*RANDOM, "operators=[{name: persona, n: 2}]"]),
     "random-instruction": ("beam", [*RANDOM, "operators=[{name: instruction, n: 2}]"]),

@@ -747,11 +747,12 @@ def search_batch(items: Sequence[Item], ctx: SearchContext, objective_name: str,
 
 
 def screened(ctx: SearchContext, requests: Sequence[tuple[ItemState, Request]]) -> list[Screen] | None:
-    """Pruning before the full price is paid: on a learned search with averaged orders and `screen_lead` above -1,
-    every candidate is first scored in its displayed order (one prompt), and one whose aim lead there is below
-    `screen_lead` is not scored in the other two. The clean prompt is never screened. None: no screen."""
+    """Pruning before the full price is paid: with averaged orders and `screen_lead` above -1 (any method, so a
+    baseline can have the same pruning), every candidate is first scored in its displayed order (one prompt), and
+    one whose aim lead there is below `screen_lead` is not scored in the other two. The clean prompt is never
+    screened. None: no screen."""
     config, scorer = ctx.config, ctx.scorer
-    if config.method != "learned" or not scorer.average_orders or config.screen_lead <= -1:
+    if not scorer.average_orders or config.screen_lead <= -1:
         return None
     displayed = scorer.score([c for _, r in requests for c in r.candidates], displayed_only=True).probs
     screens, offset = [], 0

@@ -217,9 +217,11 @@ def test_a_screened_out_candidate_costs_one_prompt_and_teaches_its_displayed_ord
     assert state.outcome("stereotype").to_record()["screened"] == 1
 
 
-@pytest.mark.parametrize("screen_lead", [-1.0, 0.5])
-def test_the_screen_pays_only_for_the_prompts_it_scores(tiny_target, seed_items, screen_lead):
-    config = load_config("default", FAST[1::2], budget=21, control=False, screen_lead=screen_lead)
+@pytest.mark.parametrize(("method", "screen_lead"), [("learned", -1.0), ("learned", 0.5), ("random", 0.5),
+                                                    ("beam", 0.5)])
+def test_the_screen_pays_only_for_the_prompts_it_scores(tiny_target, seed_items, method, screen_lead):
+    config = replace(load_config("default", FAST[1::2], budget=21, control=False, screen_lead=screen_lead),
+                     method=method)  # every method honours the screen: a baseline can have the same pruning
     outcomes, charged = [], []
     for batch in (4, 3):
         scorer = Scorer.in_process(tiny_target, average_orders=True)
