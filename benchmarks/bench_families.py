@@ -110,7 +110,10 @@ def report(args: argparse.Namespace, items: list[Item], folder: Path, encode: En
              "attack-eligible items with the Wilson 95% interval; a family's ASR counts the eligible items whose "
              "search scored a label-valid prompt of that family. The family search's settings (family_share 0.2, "
              f"coverage 0.5) were chosen after trying family_slots 1 on items 1-{args.chosen_on} of these; the rows "
-             f"'items {args.chosen_on + 1}-{len(items)}' leave those out.", ""]
+             f"'items {args.chosen_on + 1}-{len(items)}' leave those out. The archive by template and the widening "
+             "rule (a family whose success repeats the archive stays open for rarer templates) have no constant; "
+             "they were checked first on 40 development items from the 4 held-out templates these 120 do not use.",
+             ""]
     header = ["method", "budget", "searched at", "union ASR", *(f"{f} ASR" for f in FAMILIES)]
     table = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     widths = ["| method | budget | headline split | family split |", "|---|---|---|---|"]

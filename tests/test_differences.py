@@ -9,6 +9,17 @@ from benchmarks.bench_intervals import coverage
 from flexsearch.differences import mover_interval, rate_difference, tango_interval
 
 
+# Newcombe (1998), "Interval estimation for the difference between independent proportions: comparison of eleven
+# methods", Statistics in Medicine 17:873-890, Table II, method 10 (the hybrid score interval): an independent
+# reference for the MOVER path with no correlation, the one every mixed ambiguous/disambiguated run takes.
+@pytest.mark.parametrize(("k1", "n1", "k2", "n2", "low", "high"), [
+    (56, 70, 48, 80, 0.0524, 0.3339), (9, 10, 3, 10, 0.1705, 0.8090), (5, 56, 0, 29, -0.0381, 0.1926),
+    (0, 10, 0, 20, -0.1611, 0.2775), (0, 10, 0, 10, -0.2775, 0.2775), (10, 10, 0, 20, 0.6791, 1.0),
+    (10, 10, 0, 10, 0.6075, 1.0)])
+def test_the_mover_interval_matches_newcombes_published_examples(k1, n1, k2, n2, low, high):
+    assert mover_interval(k1, n1, k2, n2, 0.0) == pytest.approx((low, high), abs=5e-5)
+
+
 @pytest.mark.parametrize(("b", "c", "n"), [(0, 0, 1), (0, 0, 3), (0, 0, 10), (3, 0, 3), (0, 3, 3), (5, 5, 100),
                                            (30, 0, 30), (0, 0, 1000)])
 def test_a_paired_interval_is_never_of_zero_width_and_holds_the_estimate(b, c, n):
@@ -20,6 +31,17 @@ def test_three_of_three_against_none_is_not_a_certain_gap():
     flags, none, every = np.ones(3, bool), np.zeros(3, bool), np.ones(3, bool)
     gap = rate_difference(flags, every, none, every)
     assert gap["value"] == 1.0 and gap["ci"][0] < 0 and gap["p"] == 0.25 and gap["method"] == "tango-paired"
+
+
+def test_none_of_two_against_none_of_two_is_no_evidence_either_way():
+    none, every, neither = np.zeros(4, bool), np.ones(4, bool), np.zeros(4, bool)
+    first, second = np.array([True, True, False, False]), np.array([False, False, True, True])
+    paired = rate_difference(none[:2], every[:2], none[:2], every[:2])  # the same two items on both sides
+    disjoint = rate_difference(none, first, neither, second)  # two items each, none shared
+    wilson_upper = 1.959964**2 / (2 + 1.959964**2)  # the Wilson upper limit of 0/2, 0.6576
+    for gap, method in ((paired, "tango-paired"), (disjoint, "newcombe-mover")):
+        assert gap["value"] == 0 and gap["p"] == 1.0 and gap["method"] == method
+        assert gap["ci"] == pytest.approx([-wilson_upper, wilson_upper], abs=1e-4)  # next to nothing either way
 
 
 def test_no_successes_either_way_on_ten_items_is_wide():
