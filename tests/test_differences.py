@@ -10,14 +10,19 @@ from flexsearch.differences import mover_interval, rate_difference, tango_interv
 
 
 # Newcombe (1998), "Interval estimation for the difference between independent proportions: comparison of eleven
-# methods", Statistics in Medicine 17:873-890, Table II, method 10 (the hybrid score interval): an independent
-# reference for the MOVER path with no correlation, the one every mixed ambiguous/disambiguated run takes.
+# methods", Statistics in Medicine 17:873-890, Table II, methods 10 (the hybrid score interval) and 11 (its
+# continuity-corrected form, what the MOVER path uses): an independent reference for the MOVER path with no
+# correlation, the one every mixed ambiguous/disambiguated run takes.
 @pytest.mark.parametrize(("k1", "n1", "k2", "n2", "low", "high"), [
     (56, 70, 48, 80, 0.0524, 0.3339), (9, 10, 3, 10, 0.1705, 0.8090), (5, 56, 0, 29, -0.0381, 0.1926),
     (0, 10, 0, 20, -0.1611, 0.2775), (0, 10, 0, 10, -0.2775, 0.2775), (10, 10, 0, 20, 0.6791, 1.0),
     (10, 10, 0, 10, 0.6075, 1.0)])
 def test_the_mover_interval_matches_newcombes_published_examples(k1, n1, k2, n2, low, high):
-    assert mover_interval(k1, n1, k2, n2, 0.0) == pytest.approx((low, high), abs=5e-5)
+    assert mover_interval(k1, n1, k2, n2, 0.0, continuity=False) == pytest.approx((low, high), abs=5e-5)
+
+
+def test_the_corrected_mover_interval_matches_newcombes_method_11():
+    assert mover_interval(56, 70, 48, 80, 0.0) == pytest.approx((0.0428, 0.3422), abs=5e-5)
 
 
 @pytest.mark.parametrize(("b", "c", "n"), [(0, 0, 1), (0, 0, 3), (0, 0, 10), (3, 0, 3), (0, 3, 3), (5, 5, 100),
@@ -38,16 +43,20 @@ def test_none_of_two_against_none_of_two_is_no_evidence_either_way():
     first, second = np.array([True, True, False, False]), np.array([False, False, True, True])
     paired = rate_difference(none[:2], every[:2], none[:2], every[:2])  # the same two items on both sides
     disjoint = rate_difference(none, first, neither, second)  # two items each, none shared
-    wilson_upper = 1.959964**2 / (2 + 1.959964**2)  # the Wilson upper limit of 0/2, 0.6576
+    z = 1.959964
+    corrected_upper = (z * z + 1 + z * (z * z + 1.5) ** 0.5) / (2 * (2 + z * z))  # continuity-corrected Wilson, 0/2
+    assert disjoint["ci"] == pytest.approx([-corrected_upper, corrected_upper], abs=1e-4)  # 0.8021 either way
+    plain = tango_interval(0, 0, 2, correction=0)  # ±0.6576, the plain Wilson limit of 0/2
+    assert paired["ci"][0] == -paired["ci"][1] and paired["ci"][1] > plain[1]  # wider than uncorrected
     for gap, method in ((paired, "tango-paired"), (disjoint, "newcombe-mover")):
         assert gap["value"] == 0 and gap["p"] == 1.0 and gap["method"] == method
-        assert gap["ci"] == pytest.approx([-wilson_upper, wilson_upper], abs=1e-4)  # next to nothing either way
 
 
 def test_no_successes_either_way_on_ten_items_is_wide():
     none, every = np.zeros(10, bool), np.ones(10, bool)
     gap = rate_difference(none, every, none, every)
-    assert gap["ci"] == pytest.approx([-0.2775, 0.2775], abs=1e-3) and gap["p"] == 1.0
+    assert gap["ci"] == pytest.approx(list(tango_interval(0, 0, 10)), abs=1e-6) and gap["p"] == 1.0
+    assert gap["ci"][1] > 0.2775  # wider than Tango's own (the plain Wilson limit of 0/10): continuity-corrected
 
 
 def test_disjoint_eligible_sets_use_the_unpaired_interval_and_fishers_test():
@@ -78,3 +87,26 @@ def test_coverage_is_at_least_the_target_from_ten_items(n, p1, p2, rho):
     """Seeded simulation (the full table: benchmarks/bench_intervals.py): at least 0.93 for a nominal 0.95."""
     _, new, _, _ = coverage(n, p1, p2, rho, runs=400, seed=n, samples=50)
     assert new >= 0.93
+
+
+# Exact coverage (benchmarks/bench_intervals.py --exact): every outcome table weighed by its probability, so the
+# bar of 0.93 is met or missed with no simulation error. A smaller grid than the benchmark's, with its worst cells.
+GRID_SIZES = (2, 3, 5, 10, 30)
+GRID_RATES = (0.05, 0.5, 0.95)
+
+
+@pytest.mark.parametrize("method", ["Tango, corrected (used)", "MOVER, corrected (used)"])
+def test_every_cell_of_the_grid_covers_at_least_093_exactly_and_the_width_stays_bounded(method):
+    from benchmarks.bench_intervals import exact_grid
+
+    used = exact_grid(method, GRID_SIZES, GRID_RATES)
+    plain = exact_grid(method.replace("corrected (used)", "uncorrected"), GRID_SIZES, GRID_RATES)
+    assert all(coverage >= 0.93 for coverage, _ in used.values()), used
+    assert all(width <= 1.25 * plain[n][1] for n, (_, width) in used.items())  # a quarter wider at most
+    assert min(coverage for coverage, _ in plain.values()) < 0.93  # the bar can fail: the uncorrected one fails it
+
+
+def test_the_retired_percentile_bootstrap_fails_the_same_bar():
+    from benchmarks.bench_intervals import exact_grid
+
+    assert exact_grid("bootstrap", (3,), GRID_RATES)[3][0] < 0.93
