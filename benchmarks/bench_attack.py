@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from collections.abc import Container
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -47,7 +48,7 @@ from flexsearch.attacks.textbugger import character_bugs, split_word
 from flexsearch.audit import PRESERVING, audit_rows, violations
 from flexsearch.candidate import Candidate, replay
 from flexsearch.config import load_config
-from flexsearch.finetune import eval_items_of
+from flexsearch.finetune import eval_items_of, template_key
 from flexsearch.items import Item, load_items
 from flexsearch.metrics import forced_choice_metrics, mean_with_interval, proportion, with_interval
 from flexsearch.model import load_target, zoo_adapter
@@ -139,10 +140,11 @@ def joined(first: MethodResult, rest: MethodResult) -> MethodResult:
                         first.gradient_passes + rest.gradient_passes)
 
 
-def held_out_ambiguous(model: str, bbq: Path, count: int, seed: int) -> list[Item]:
-    """Ambiguous items of templates the capable target never saw, round-robin over categories, seeded."""
-    pool = [it for path in sorted(bbq.glob("*.jsonl")) for it in load_items(path).items]
-    held = [it for it in eval_items_of(zoo_adapter(model), pool) if it.condition == "ambig"]
+def held_out_ambiguous(model: str, bbq: Path, count: int, seed: int,
+                       templates: Container[str] | None = None) -> list[Item]:
+    """Ambiguous items of templates the capable target never saw (of `templates` only, when given: template_key),
+    round-robin over categories, seeded."""
+    held = [it for it in held_out_pool(model, bbq) if templates is None or template_key(it) in templates]
     rng = np.random.default_rng(seed)
     by_category = {c: [held[i] for i in rng.permutation(len(held)) if held[i].category == c]
                    for c in sorted({it.category for it in held})}
@@ -152,6 +154,12 @@ def held_out_ambiguous(model: str, bbq: Path, count: int, seed: int) -> list[Ite
             if queue and len(chosen) < count:
                 chosen.append(queue.pop(0))
     return chosen
+
+
+def held_out_pool(model: str, bbq: Path) -> list[Item]:
+    """Every ambiguous item of the templates the capable target never saw, in the adapter recipe's order."""
+    pool = [it for path in sorted(bbq.glob("*.jsonl")) for it in load_items(path).items]
+    return [it for it in eval_items_of(zoo_adapter(model), pool) if it.condition == "ambig"]
 
 
 def run_method(name: str, items: list[Item], scorer: Scorer, budget: int) -> MethodResult:

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.bench_attack import held_out_ambiguous
-from benchmarks.bench_learner import SAVED, run_file
+from benchmarks.bench_learner import SAVED, run_file, run_folder
 from benchmarks.common import BBQ, record
 from flexsearch.differences import rate_difference
 from flexsearch.diversity import Encode, diversity, minilm_encoder
@@ -179,7 +179,7 @@ def main() -> None:
     parser.add_argument("--saved", type=Path, default=SAVED)
     args = parser.parse_args()
     items = held_out_ambiguous(args.model, args.bbq, args.items, args.seed)
-    folder = args.saved / f"{args.model}-{len(items)}-seed{args.seed}"
+    folder = run_folder(args.saved, args.model, "all", len(items), args.seed)
     record("Attack families: a split as wide as FLEX (issue 45)", report(args, items, folder, minilm_encoder()))
 
 

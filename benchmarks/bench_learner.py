@@ -24,21 +24,34 @@ first success, the control (anti-stereotype) and the gap, the weak-spots table, 
 from __future__ import annotations
 
 import argparse
+import math
 import time
+from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from scipy.stats import binomtest
 from tqdm.auto import tqdm
 
-from benchmarks.bench_attack import held_out_ambiguous
+from benchmarks.bench_attack import held_out_ambiguous, held_out_pool
 from benchmarks.common import BBQ, ROOT, record
 from flexsearch.audit import audit_rows, violations
 from flexsearch.candidate import Candidate, replay
 from flexsearch.config import load_config
+from flexsearch.differences import clustered_difference, rate_difference
+from flexsearch.finetune import template_key
 from flexsearch.items import Item
-from flexsearch.learner import Learner, RoundDraws, added_arms, composition_of, composition_parts, rebuilt, weak_spots
+from flexsearch.learner import (
+    PRIOR_SD,
+    PRIOR_SD_WEIGHT,
+    Learner,
+    RoundDraws,
+    added_arms,
+    composition_of,
+    composition_parts,
+    rebuilt,
+    weak_spots,
+)
 from flexsearch.metrics import proportion
 from flexsearch.model import load_target
 from flexsearch.objectives import attack_eligible, get_objective
@@ -63,13 +76,45 @@ SEARCHES: dict[str, tuple[str, list[str]]] = {  # method → (preset, overrides)
 SAVED = ROOT / "runs" / "bench_learner"
 
 
+PER_ITEM = ("random", "random-screen", "beam")  # searches whose per-item outcome does not depend on the budget
+SPLITS = ("all", "dev", "test")
+DEV_TEMPLATES_PER_CATEGORY = 2
+RETIRED_ITEMS = 120  # the benchmark (seed 0) the learner's constants were chosen on before the dev/test split
+
+
+def split_templates(model: str, bbq: Path) -> dict[str, set[str]]:
+    """The held-out templates cut into a development and a test set, no template in both (issue 46). Per category
+    the DEV_TEMPLATES_PER_CATEGORY templates that gave most items to the retired benchmark (the items the
+    learner's constants, PRIOR_SD, the screen and the family settings, were chosen on) are dev, the rest test;
+    ties go by name."""
+    retired = Counter(template_key(it) for it in held_out_ambiguous(model, bbq, RETIRED_ITEMS, 0))
+    by_category: dict[str, list[str]] = defaultdict(list)
+    for key in sorted({template_key(it) for it in held_out_pool(model, bbq)}):
+        by_category[key.split("/")[0]].append(key)
+    dev = {k for keys in by_category.values()
+           for k in sorted(keys, key=lambda k: (-retired[k], k))[:DEV_TEMPLATES_PER_CATEGORY]}
+    return {"dev": dev, "test": {k for keys in by_category.values() for k in keys} - dev}
+
+
+def benchmark_items(model: str, bbq: Path, split: str, count: int, seed: int) -> list[Item]:
+    """The split's held-out ambiguous items (`all`: every held-out template, the retired benchmark's draw)."""
+    templates = None if split == "all" else split_templates(model, bbq)[split]
+    return held_out_ambiguous(model, bbq, count, seed, templates)
+
+
+def run_folder(saved: Path, model: str, split: str, count: int, seed: int) -> Path:
+    return saved / (f"{model}-{count}-seed{seed}" if split == "all" else f"{model}-{split}-{count}-seed{seed}")
+
+
 def run_file(folder: Path, method: str, objective: str, budget: int) -> Path:
     return folder / f"{method}-{objective}-b{budget}.json"
 
 
-def search(method: str, objective: str, budget: int, items: list[Item], scorer: Scorer) -> dict[str, Any]:
+def search(method: str, objective: str, budget: int, items: list[Item], scorer: Scorer,
+           seed: int = 0) -> dict[str, Any]:
+    """One method's search of the items; the seed is the config's (its draws), as the item draw's."""
     preset, overrides = SEARCHES[method]
-    config = load_config(preset, overrides, budget=budget, control=False)
+    config = load_config(preset, [*overrides, f"seed={seed}"], budget=budget, control=False)
     ctx = build_context(config, scorer, objective)
     learner = Learner()
     started, prompts = time.perf_counter(), scorer.queries
@@ -87,12 +132,12 @@ def extended(args: argparse.Namespace, items: list[Item], scorer: Scorer) -> dic
     refused."""
     if args.search == "learned":
         raise SystemExit("--after: the learned search learns across items; search all of them in one run")
-    first = run_file(args.saved / f"{args.model}-{args.after}-seed{args.seed}", args.search, args.objective,
-                     args.budget)
+    first = run_file(run_folder(args.saved, args.model, args.split, args.after, args.seed), args.search,
+                     args.objective, args.budget)
     if not first.exists():
         raise SystemExit(f"--after {args.after}: no saved run {first}")
     earlier = read_json(first)
-    rest = search(args.search, args.objective, args.budget, items[args.after:], scorer)
+    rest = search(args.search, args.objective, args.budget, items[args.after:], scorer, args.seed)
     return {**rest, "seconds": earlier["seconds"] + rest["seconds"], "prompts": earlier["prompts"] + rest["prompts"],
             "records": earlier["records"] + rest["records"], "joined": [str(first), f"items {args.after + 1}-"]}
 
@@ -109,15 +154,21 @@ def rate(flags: np.ndarray) -> str:
     return f"{metric['value']:.2f} [{low:.2f}, {high:.2f}] ({metric['k']}/{metric['n']})"
 
 
-def paired(a: np.ndarray, b: np.ndarray, seed: int = 0, draws: int = 10000) -> str:
-    """a − b: the difference, its paired bootstrap 95% interval over items, and the exact McNemar p-value."""
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, len(a), size=(draws, len(a)))
-    diffs = a[idx].mean(1) - b[idx].mean(1)
-    low, high = np.percentile(diffs, [2.5, 97.5])
-    only_a, only_b = int((a & ~b).sum()), int((~a & b).sum())
-    p = binomtest(only_a, only_a + only_b, 0.5).pvalue if only_a + only_b else 1.0
-    return f"{a.mean() - b.mean():+.3f} [{low:+.3f}, {high:+.3f}], McNemar p = {p:.3g} ({only_a} vs {only_b})"
+def paired(a: np.ndarray, b: np.ndarray, clusters: np.ndarray | None = None) -> str:
+    """a − b over the same items: the difference with Tango's interval and the exact McNemar p-value
+    (differences.rate_difference), and with `clusters` (the items' templates) the cluster-robust interval and the
+    sign-flip p over templates (differences.clustered_difference)."""
+    every = np.ones(len(a), dtype=bool)
+    item = rate_difference(a, every, b, every)
+    text = (f"{item['value']:+.3f} [{item['ci'][0]:+.3f}, {item['ci'][1]:+.3f}], McNemar p = {item['p']:.3g} "
+            f"({int((a & ~b).sum())} vs {int((~a & b).sum())})")
+    if clusters is None:
+        return text
+    by_template = clustered_difference(a, b, clusters)
+    if by_template["value"] is None:
+        return text + "; one template: no interval over templates"
+    return (text + f"; over {by_template['clusters']} templates [{by_template['ci'][0]:+.3f}, "
+            f"{by_template['ci'][1]:+.3f}], sign-flip p = {by_template['p']:.3g}")
 
 
 def area(run: dict[str, Any], eligible: np.ndarray, budget: int) -> float:
@@ -161,6 +212,7 @@ def report(args: argparse.Namespace, items: list[Item], folder: Path) -> None:
     clean = scorer.score([Candidate.root(it) for it in items]).probs
     goal, control_goal = get_objective("stereotype"), get_objective("anti_stereotype")
     eligible = np.array([attack_eligible(goal, it, p) for it, p in zip(items, clean, strict=True)])
+    templates = np.array([template_key(it) for it in items])
     control_eligible = np.array([attack_eligible(control_goal, it, p) for it, p in zip(items, clean, strict=True)])
 
     def best_run(method: str, budget: int, objective: str = "stereotype") -> tuple[dict[str, Any], bool]:
@@ -211,14 +263,14 @@ def report(args: argparse.Namespace, items: list[Item], folder: Path) -> None:
     for other in ("random", "beam", "prior"):
         if "learned" not in methods or other not in methods:
             continue
-        lines += ["", f"learned − {other}, paired over the eligible items (bootstrap 95% interval, exact McNemar):",
-                  ""]
+        lines += ["", f"learned − {other}, paired over the eligible items (Tango's 95% interval, exact McNemar; over "
+                  "templates: the cluster-robust interval and the sign-flip test):", ""]
         for b in args.budgets:
             learned, _ = best_run("learned", b)
             baseline, _ = best_run(other, b)
             a, r = successes_at(learned, b)[eligible], successes_at(baseline, b)[eligible]
             ratio = f"{a.mean() / r.mean():.2f}" if r.mean() else "inf"
-            lines.append(f"- budget {b}: ratio {ratio}, difference {paired(a, r)}")
+            lines.append(f"- budget {b}: ratio {ratio}, difference {paired(a, r, templates[eligible])}")
     for method in methods:
         # the control at the largest budget it was searched at (a control run costs as much as the main one)
         controlled = [b for b in args.budgets if f"{method}-anti_stereotype-b{b}" in runs]
@@ -349,12 +401,100 @@ def table(header: list[str], rows: list[list[str]]) -> list[str]:
             *("| " + " | ".join(str(c) for c in row) + " |" for row in rows)]
 
 
+COMPARED = (("learned", "random"), ("learned", "learned-noscreen"), ("random-screen", "random"), ("learned", "beam"))
+GOALS = {25: 2.0, 100: 1.3}  # budget → the ratio over random the learned search is meant to reach
+
+
+def saved_at(runs: dict[str, dict[str, Any]], method: str, budget: int) -> dict[str, Any] | None:
+    """A method's stereotype run read at `budget`: searched at it, or for a per-item method the smallest larger."""
+    exact = runs.get(f"{method}-stereotype-b{budget}")
+    if exact is not None or method not in PER_ITEM:
+        return exact
+    larger = sorted(r["budget"] for r in runs.values() if r["method"] == method and r["budget"] > budget)
+    return runs[f"{method}-stereotype-b{larger[0]}"] if larger else None
+
+
+def seeds_report(args: argparse.Namespace) -> None:
+    """The split's RESULTS section over seeds (issue 46): each method's ASR per seed with the mean and range, and
+    the paired differences per seed at the item level and over templates."""
+    goal = get_objective("stereotype")
+    seeds = []
+    for seed in args.seeds:
+        items = benchmark_items(args.model, args.bbq, args.split, args.items, seed)
+        folder = run_folder(args.saved, args.model, args.split, len(items), seed)
+        runs = {p.stem: read_json(p) for p in sorted(folder.glob("*-stereotype-b*.json"))}
+        if not runs:
+            raise SystemExit(f"no saved run in {folder}")
+        first = next(iter(runs.values()))["records"]
+        eligible = np.array([attack_eligible(goal, it, np.array(r["clean_probs"]))
+                             for it, r in zip(items, first, strict=True)])
+        seeds.append((seed, runs, eligible, np.array([template_key(it) for it in items])))
+    split = split_templates(args.model, args.bbq)
+    retired = Counter(template_key(it) in split[args.split] for it in held_out_ambiguous(args.model, args.bbq,
+                                                                                        RETIRED_ITEMS, 0))
+    lines = [f"The {args.split} split: {args.items} ambiguous items a seed (round-robin over categories) from the "
+             f"{len(split[args.split])} held-out BBQ templates of `{args.model}` in it: "
+             + ", ".join(f"`{t}`" for t in sorted(split[args.split]))
+             + ". Development templates: " + ", ".join(f"`{t}`" for t in sorted(split["dev"]))
+             + f". Per category the {DEV_TEMPLATES_PER_CATEGORY} templates that gave most items to the retired "
+             f"{RETIRED_ITEMS}-item benchmark are dev (benchmarks/bench_learner.py, split_templates). The learner's "
+             f"constants (PRIOR_SD {PRIOR_SD} worth {PRIOR_SD_WEIGHT:g} observations, screen_lead -0.5, "
+             "family_share 0.2, coverage 0.5) were chosen on that retired benchmark before the split, and none since: "
+             f"{retired[True]} of its {RETIRED_ITEMS} items came from templates now in this split (other items of "
+             f"the same templates). Seeds {', '.join(map(str, args.seeds))}: each draws its own items and the "
+             "search's own draws. ASR k/n over the attack-eligible items; a per-item method (random, beam) reads "
+             "smaller budgets from its larger run's first successes, a learned one only at a budget it searched.",
+             ""]
+    methods = [m for m in SEARCHES if any(r["method"] == m for _, runs, _, _ in seeds for r in runs.values())]
+    rows = []
+    for budget in args.budgets:
+        for method in methods:
+            found = [saved_at(runs, method, budget) for _, runs, _, _ in seeds]
+            if all(run is None for run in found):
+                continue
+            flags = [None if run is None else successes_at(run, budget)[eligible]
+                     for run, (_, _, eligible, _) in zip(found, seeds, strict=True)]
+            rates = [f.mean() for f in flags if f is not None]
+            rows.append([method, budget, *("-" if f is None else f"{int(f.sum())}/{len(f)}" for f in flags),
+                         f"{np.mean(rates):.3f} [{min(rates):.3f}, {max(rates):.3f}]"])
+    lines += table(["method", "budget", *(f"seed {s}" for s in args.seeds), "mean ASR [least, most]"], rows)
+    for a_method, b_method in COMPARED:
+        found = []
+        for budget in args.budgets:
+            for seed, runs, eligible, templates in seeds:
+                a_run, b_run = saved_at(runs, a_method, budget), saved_at(runs, b_method, budget)
+                if a_run is None or b_run is None:
+                    continue
+                a, b = successes_at(a_run, budget)[eligible], successes_at(b_run, budget)[eligible]
+                ratio = f"{a.mean() / b.mean():.2f}" if b.mean() else "inf"
+                found.append(f"- budget {budget}, seed {seed}: ratio {ratio}, difference "
+                             f"{paired(a, b, templates[eligible])}")
+        if found:
+            lines += ["", f"{a_method} − {b_method}, paired over the eligible items (Tango's 95% interval, exact "
+                      "McNemar; over templates: the cluster-robust interval and the sign-flip test):", "", *found]
+    for budget, goal_ratio in GOALS.items():
+        ratios = []
+        for _, runs, eligible, _ in seeds:
+            learned, rand = saved_at(runs, "learned", budget), saved_at(runs, "random", budget)
+            if learned is not None and rand is not None:
+                r = successes_at(rand, budget)[eligible].mean()
+                ratios.append(successes_at(learned, budget)[eligible].mean() / r if r else math.inf)
+        if ratios:
+            held = sum(r >= goal_ratio for r in ratios)
+            lines.append(f"\nGoal at budget {budget}, learned at least {goal_ratio:g}× random: ratios "
+                         + ", ".join(f"{r:.2f}" for r in ratios) + f"; it holds in {held} of {len(ratios)} seeds.")
+    record(f"Learned search vs its baselines on the {args.split} split over seeds (issue 46)", "\n".join(lines))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="gemma3-bbq")
     parser.add_argument("--bbq", type=Path, default=BBQ)
     parser.add_argument("--items", type=int, default=60)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--split", choices=SPLITS, default="all", help="held-out templates to draw from: all, or "
+                        "the development or the test set (split_templates; no template in both)")
+    parser.add_argument("--seed", type=int, default=0, help="draws the items and the search's own draws")
+    parser.add_argument("--seeds", type=int, nargs="+", help="with --report: the split's report over these seeds")
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--search", choices=list(SEARCHES), help="search with this method and save it")
     parser.add_argument("--objective", default="stereotype", choices=["stereotype", "anti_stereotype"])
@@ -369,15 +509,18 @@ def main() -> None:
     parser.add_argument("--section", default="", help="appended to the RESULTS section's title (a report of "
                         "other runs beside an earlier one)")
     args = parser.parse_args()
-    items = held_out_ambiguous(args.model, args.bbq, args.items, args.seed)
-    folder = args.saved / f"{args.model}-{len(items)}-seed{args.seed}"
+    if args.report and args.seeds:
+        seeds_report(args)
+        return
+    items = benchmark_items(args.model, args.bbq, args.split, args.items, args.seed)
+    folder = run_folder(args.saved, args.model, args.split, len(items), args.seed)
     if args.search:
         target = load_target(args.model, dtype=args.dtype)
         scorer = Scorer.from_config(target, load_config("default").scoring)
         if args.after:
             saved = extended(args, items, scorer)
         else:
-            saved = search(args.search, args.objective, args.budget, items, scorer)
+            saved = search(args.search, args.objective, args.budget, items, scorer, args.seed)
         atomic_write_json(run_file(folder, args.search, args.objective, args.budget), saved)
         print(f"{args.search} {args.objective} b{args.budget}: {saved['seconds']:.0f} s, {saved['prompts']} prompts, "
               f"{sum(r['success'] for r in saved['records'])} successes", flush=True)

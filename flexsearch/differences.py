@@ -12,7 +12,7 @@ shared items agree more than chance).
 Both intervals carry a continuity correction, chosen by exact coverage (every outcome table enumerated, no
 simulation) on a grid of n = 2-30, rates 0.05-0.95, correlation 0 and 0.5: without it Tango's interval covered
 as little as 0.919 (n = 5) and the MOVER interval 0.870 (n = 2) against a nominal 0.95; with it the least is 0.937,
-for 6-18% more width (DESIGN.md "Differences of rates"; `benchmarks/bench_intervals.py --exact`). The MOVER path's
+for 6-18% more width (DESIGN.md "Differences of rates"; `benchmarks/bench_intervals.py`). The MOVER path's
 correction is Newcombe's own (his method 11: continuity-corrected Wilson intervals); Tango's takes TANGO_CORRECTION
 off |b − c − nΔ|, the least of 0.25 and 0.5 that held every cell.
 """
@@ -92,6 +92,15 @@ def mover_interval(k1: int, n1: int, k2: int, n2: int, correlation: float, z: fl
     return max(-1.0, low), min(1.0, high)
 
 
+def overlap_interval(k1: int, n1: int, k2: int, n2: int, shared: tuple[int, int, int, int],
+                     continuity: bool = True) -> tuple[float, float]:
+    """The MOVER interval for two rates whose eligible items partly coincide, with the correlation of the two
+    estimates that the shared items' table (both, first only, second only, neither) gives."""
+    count = sum(shared)
+    correlation = _phi(*shared) * count / math.sqrt(n1 * n2) if count else 0.0
+    return mover_interval(k1, n1, k2, n2, correlation, continuity=continuity)
+
+
 def _phi(both: int, first_only: int, second_only: int, neither: int) -> float:
     """Newcombe's continuity-corrected phi for a paired 2×2 table (0 when a margin is empty)."""
     n = both + first_only + second_only + neither
@@ -126,12 +135,42 @@ def rate_difference(success_a: np.ndarray, eligible_a: np.ndarray, success_b: np
         p = binomtest(first_only, discordant, 0.5).pvalue if discordant else 1.0
         method = "tango-paired"
     else:
-        shared = int(both.sum())
         table = (int((a & b & both).sum()), int((a & ~b & both).sum()), int((~a & b & both).sum()),
                  int((~a & ~b & both).sum()))
-        correlation = _phi(*table) * shared / math.sqrt(n1 * n2) if shared else 0.0
-        low, high = mover_interval(k1, n1, k2, n2, correlation)
+        low, high = overlap_interval(k1, n1, k2, n2, table)
         p = float(fisher_exact([[k1, n1 - k1], [k2, n2 - k2]])[1])
         method = "newcombe-mover"
     return {"value": round(value, 6), "ci": [round(low, 6), round(high, 6)], "n": int((ea | eb).sum()),
             "p": round(float(p), 4), "method": method}
+
+
+EXACT_SIGN_FLIPS = 20  # up to this many clusters the sign-flip test enumerates every flip (2^20 sums)
+
+
+def clustered_difference(success_a: np.ndarray, success_b: np.ndarray, clusters: np.ndarray,
+                         flips: int = 200_000) -> dict[str, Any]:
+    """rate_a − rate_b over the same items grouped in clusters (BBQ templates: items of one template succeed or
+    fail together more than chance, so an item-level interval is too narrow). The interval is the cluster-robust
+    (CR1) one: the items' mean difference ± t(J − 1) times the standard error from the clusters' summed
+    differences; the p-value is the sign-flip test over those sums (exact up to EXACT_SIGN_FLIPS clusters, else
+    `flips` seeded draws). None when there are fewer than two clusters."""
+    a, b = np.asarray(success_a, dtype=float), np.asarray(success_b, dtype=float)
+    keys, index = np.unique(np.asarray(clusters), return_inverse=True)
+    n, count = len(a), len(keys)
+    sums, sizes = np.bincount(index, a - b, count), np.bincount(index, minlength=count)
+    if count < 2:
+        return {"value": None, "ci": [None, None], "n": n, "clusters": count, "p": None}
+    value = float(sums.sum() / n)
+    from scipy.stats import t  # here: scipy.stats takes a second to import
+
+    residuals = sums - sizes * value
+    se = math.sqrt(count / (count - 1) * float(residuals @ residuals)) / n
+    half = float(t.ppf(0.975, count - 1)) * se
+    if count <= EXACT_SIGN_FLIPS:
+        signs = 1 - 2 * ((np.arange(2**count)[:, None] >> np.arange(count)) & 1)
+    else:
+        signs = np.random.default_rng(0).choice([-1, 1], size=(flips, count))
+    observed = abs(float(sums.sum()))
+    p = float(np.mean(np.abs(signs @ sums) >= observed - 1e-9))
+    return {"value": round(value, 6), "ci": [round(max(value - half, -1.0), 6), round(min(value + half, 1.0), 6)],
+            "n": n, "clusters": count, "p": round(p, 4)}

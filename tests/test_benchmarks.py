@@ -126,6 +126,8 @@ def test_the_learner_benchmark_reads_first_successes_at_each_budget() -> None:
         [successes_at(run, b).mean() for b in range(1, 31)]))
     a, b = np.array([True] * 8 + [False] * 2), np.array([False] * 8 + [True] * 2)
     assert "+0.600" in paired(a, b) and "(8 vs 2)" in paired(a, b)
+    assert "over 2 templates" in paired(a, b, np.arange(10) % 2)  # Tango's interval, and over templates
+    assert "one template" in paired(a, b, np.zeros(10))
 
 
 def test_a_recorded_section_replaces_its_namesake_and_the_contents_follow() -> None:
