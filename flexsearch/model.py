@@ -341,7 +341,8 @@ def _save_dequantized(directory: Path, file_name: str, staging: Path) -> None:
 
 def release_freed_memory() -> None:
     """Collects garbage and hands freed heap back to the system (glibc keeps it otherwise: after gemma3's
-    first load, with its GGUF conversion, about 0.65 GB held for the whole run; benchmarks/RESULTS.md "Memory")."""
+    first load, with its GGUF conversion, about 0.65 GB held for the whole run; benchmarks/EXPERIMENTS.md
+    "Memory: peak RSS")."""
     gc.collect()
     try:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
@@ -406,7 +407,7 @@ def load_target(
         except Exception as err:  # noqa: BLE001  shape mismatch, wrong modules, corrupt or unsafe files
             raise FlexsearchError(f"--adapter {adapter} does not fit this model: {_weights_problem(err)}") from None
         # The target only scores and takes input gradients: merged weights give the same probabilities
-        # (within 1e-6) about 10 % faster on CPU than LoRA's extra matmuls (benchmarks/RESULTS.md).
+        # (within 1e-6) about 10 % faster on CPU than LoRA's extra matmuls (benchmarks/EXPERIMENTS.md).
         model = model.merge_and_unload()  # type: ignore[operator]  # PeftModel's method, untyped
         info["adapter"] = str(Path(adapter).resolve())
     model.to(device).eval()  # type: ignore[arg-type]  # transformers' wrapper hides the bound method

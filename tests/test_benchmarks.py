@@ -3,6 +3,7 @@ saved outcomes read back only for the setup they were measured on, and the FLEX-
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -144,3 +145,17 @@ def test_a_recorded_section_replaces_its_namesake_and_the_contents_follow() -> N
     listing = added[added.index(start) + len(start): added.index(end)].strip().splitlines()
     assert listing == ["- [Speed: one](#speed-one)", "- [Memory (MB)](#memory-mb)", "- [Served](#served)"]
     assert added.count("## Speed: one") == 1 and "stale" not in added
+
+
+def test_results_holds_one_section_per_title_and_none_the_experiments_log_holds() -> None:
+    """A section lives in one place (issue 47): RESULTS.md never repeats a title, its contents list matches its
+    headings, and a run moved to EXPERIMENTS.md (superseded, or a recipe not kept) is not also in RESULTS.md."""
+    folder = Path(__file__).resolve().parents[1] / "benchmarks"
+    results, experiments = ((folder / name).read_text(encoding="utf-8") for name in ("RESULTS.md", "EXPERIMENTS.md"))
+    titles = re.findall(r"(?m)^## (.+)$", results)
+    assert len(titles) == len(set(titles))
+    start, end = CONTENTS
+    listed = re.findall(r"^- \[(.+)\]\(#", results[results.index(start): results.index(end)], flags=re.M)
+    assert listed == titles
+    moved = re.findall(r"(?m)^## (.+)$", experiments)
+    assert moved and not set(moved) & set(titles)
