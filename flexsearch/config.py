@@ -184,6 +184,10 @@ class Origins:
     def set(self, key: str, where: str) -> None:
         self._where[key] = where
 
+    def by_override(self, key: str) -> bool:
+        """Whether the setting was given by a --set (a preset's value is the preset's business)."""
+        return self._where.get(key, "").startswith("--set ")
+
     def error(self, key: str, message: str) -> FlexsearchError:
         parts = key.split(".")
         where = next((self._where[".".join(parts[:k])] for k in range(len(parts), 0, -1)
@@ -348,6 +352,22 @@ def _build(cls: type, data: dict[str, Any], origins: Origins) -> Any:
     return config
 
 
+READ_BY: dict[str, tuple[str, ...]] = {  # a setting that only some search methods read → those methods
+    "beam_width": ("beam",), "importance": ("greedy",),
+    "steps": ("learned", "beam", "evolutionary", "random"), "population": ("learned", "evolutionary", "random"),
+    "family_share": ("learned",), "coverage": ("learned",),
+}
+
+
+def check_method_settings(config: SearchConfig, origins: Origins) -> None:
+    """A setting given by --set that this search's method never reads is refused, not ignored: a user who sets
+    `beam_width` on the learned search would otherwise read a run as if it had taken effect."""
+    for key, methods in READ_BY.items():
+        if origins.by_override(key) and config.method not in methods:
+            raise origins.error(key, f"is read by method {' and '.join(methods)} only; this search's method is "
+                                     f"{config.method}, which would ignore it")
+
+
 def apply_override(data: dict[str, Any], assignment: str) -> str:
     """'scoring.batch_size=8' → data['scoring']['batch_size'] = 8 (the value is parsed as YAML);
     returns the dotted key."""
@@ -405,7 +425,9 @@ def load_config(preset: str | None = None, overrides: list[str] | None = None,
     for setting, value in scoring.items():
         data.setdefault("scoring", {})[setting] = value
         origins.set(f"scoring.{setting}", f"--{setting.replace('_', '-')}")
-    return _build(SearchConfig, data, origins)
+    config: SearchConfig = _build(SearchConfig, data, origins)
+    check_method_settings(config, origins)
+    return config
 
 
 def config_dict(config: SearchConfig) -> dict[str, Any]:

@@ -512,6 +512,15 @@ CASES: list[tuple[str, list[str], str]] = [
     ("limit-too-large", E("--limit", str(2**31)), "'--limit': Input should be less than or equal to 2147483647"),
     ("set-too-large", S("--set", f"population={10**30}"), "field 'population': must be at most 2147483647"),
     ("config-too-large", S("--set", f"scoring.batch_size={2**63}"), "field 'scoring.batch_size': must be at most"),
+    # a setting the search's method never reads (issue 46: refused, not silently ignored)
+    ("set-ignored-beam-width", S("--set", "beam_width=3"), "--set beam_width=3: field 'beam_width': is read by "
+     "method beam only; this search's method is learned, which would ignore it"),
+    ("set-ignored-importance", S("--set", "importance=gradient"), "field 'importance': is read by method greedy "
+     "only"),
+    ("set-ignored-population", S("--config", "textbugger", "--set", "population=4"), "field 'population': is read "
+     "by method learned and evolutionary and random only; this search's method is greedy"),
+    ("set-ignored-family-share", S("--method", "beam", "--set", "family_share=0.5"), "field 'family_share': is "
+     "read by method learned only; this search's method is beam"),
 ]
 
 

@@ -126,6 +126,18 @@ def test_config_precedence_and_errors():
         assert load_config(preset).budget >= 2
 
 
+def test_a_setting_the_method_never_reads_is_refused_only_where_the_user_gave_it():
+    """--set beam_width on the learned search is refused (issue 46); the beam preset's own beam_width under another
+    --method is the preset's, and a setting every named method reads passes."""
+    with pytest.raises(FlexsearchError, match=r"--set beam_width=3: field 'beam_width': is read by method beam only"):
+        load_config("default", ["beam_width=3"])
+    with pytest.raises(FlexsearchError, match="field 'steps': is read by method learned and beam and evolutionary"):
+        load_config("textbugger", ["steps=3"])
+    assert load_config("beam", method="random").method == "random"  # the preset's beam_width stays unread
+    assert load_config("beam", ["beam_width=3"]).beam_width == 3
+    assert load_config("default", ["population=4", "coverage=0.2"]).population == 4
+
+
 @pytest.mark.parametrize(("operator", "message"), [
     ("{name: textbugger, bugs: [swap, flip]}", "(textbugger): unknown bugs ['flip']"),
     ("{name: textbugger, neighbours: glove}", "(textbugger): unknown neighbours 'glove'"),
