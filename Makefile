@@ -63,14 +63,15 @@ $(VENV)/.dev: $(BIN)/flexsearch
 # llama-cpp-python's server needs logits for every position: bench_served --llama-server and the tests that check
 # the client against it. GGML_NATIVE=OFF: the default -march=native build crashed (SIGSEGV) on its first completion
 # on these machines. No curl, no TLS, no web UI: a local scoring server needs none of them.
-LLAMA_CPP := llama_cpp_python-0.3.36
+LLAMA_CPP_VERSION := 0.3.36
+LLAMA_CPP := llama_cpp_python-$(LLAMA_CPP_VERSION)
 LLAMA_CPP_FLAGS := -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON -DCMAKE_BUILD_RPATH_USE_ORIGIN=ON \
 	-DGGML_NATIVE=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
 	-DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF
 $(VENV)/.served: $(BIN)/flexsearch
 	@echo "setup: llama.cpp (built from source once, about 7 minutes): llama-cpp-python's server and llama-server"
 	@scratch=$$(mktemp -d) && trap 'rm -rf "$$scratch"' EXIT && \
-	$(BIN)/pip download -q --no-deps --no-binary :all: -d "$$scratch" "llama-cpp-python==0.3.36" $(QUIET) && \
+	$(BIN)/pip download -q --no-deps --no-binary :all: -d "$$scratch" "llama-cpp-python==$(LLAMA_CPP_VERSION)" $(QUIET) && \
 	tar xzf "$$scratch"/$(LLAMA_CPP).tar.gz -C "$$scratch" && \
 	{ { cmake -S "$$scratch"/$(LLAMA_CPP)/vendor/llama.cpp -B "$$scratch"/build $(LLAMA_CPP_FLAGS) && \
 	    cmake --build "$$scratch"/build --target llama-server -j "$$(nproc)"; } >"$$scratch"/build.log 2>&1 || \

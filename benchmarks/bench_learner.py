@@ -480,13 +480,13 @@ def seeds_report(args: argparse.Namespace) -> None:
                 pairs.append((successes_at(learned, budget)[eligible], successes_at(rand, budget)[eligible]))
         if pairs:
             ratios = [a.mean() / b.mean() if b.mean() else math.inf for a, b in pairs]
-            won, lost = sum(int(a.sum()) for a, _ in pairs), sum(int(b.sum()) for _, b in pairs)
+            learned_k, random_k = sum(int(a.sum()) for a, _ in pairs), sum(int(b.sum()) for _, b in pairs)
             total = sum(len(a) for a, _ in pairs)
-            pooled = f"{won / lost:.2f}" if lost else "inf"
+            pooled = f"{learned_k / random_k:.2f}" if random_k else "inf"
             lines.append(f"\nGoal at budget {budget}, learned at least {goal_ratio:g}× random: ratios "
                          + ", ".join(f"{r:.2f}" for r in ratios)
                          + f"; it holds in {sum(r >= goal_ratio for r in ratios)} of {len(ratios)} seeds "
-                         f"(pooled over the seeds: {won}/{total} vs {lost}/{total}, ratio {pooled}).")
+                         f"(pooled over the seeds: {learned_k}/{total} vs {random_k}/{total}, ratio {pooled}).")
     record(f"Learned search vs its baselines on the {args.split} split over seeds (issue 46)", "\n".join(lines))
 
 
