@@ -24,7 +24,7 @@ together: with `--reuse`, a method whose outcomes are saved for the same model, 
 read from there instead of searched again; `--search-only` saves without writing the report. `--extend-from DIR`
 reads the outcomes saved in DIR for a shorter list (the same model, budget and dtype; its items the first of this
 list, as the seeded round-robin gives) and searches only the items after them: each item's search depends only on
-the seed, the item and the objective (`search_loop.item_rng`), so a longer list costs only its new items.
+the seed, the item and the objective (`engine.state.item_rng`), so a longer list costs only its new items.
 """
 
 from __future__ import annotations
@@ -48,6 +48,8 @@ from flexsearch.attacks.textbugger import character_bugs, split_word
 from flexsearch.audit import PRESERVING, audit_rows, violations
 from flexsearch.candidate import Candidate, replay
 from flexsearch.config import load_config
+from flexsearch.engine.loop import build_context, run_search
+from flexsearch.engine.state import ItemOutcome
 from flexsearch.finetune import eval_items_of, template_key
 from flexsearch.items import Item, load_items
 from flexsearch.metrics import forced_choice_metrics, mean_with_interval, proportion, with_interval
@@ -55,7 +57,6 @@ from flexsearch.model import load_target, zoo_adapter
 from flexsearch.objectives import attack_eligible, get_objective
 from flexsearch.runio import atomic_write_json, read_json
 from flexsearch.scoring import Scorer
-from flexsearch.search_loop import ItemOutcome, build_context, run_search
 
 SEARCHES: dict[str, tuple[str, list[str]]] = {  # method → (preset, overrides); steps high so the budget binds
     "default": ("default", ["steps=100"]),

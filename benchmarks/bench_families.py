@@ -5,6 +5,8 @@
     python -m benchmarks.bench_learner --items 120 --search random --budget 40   # and random-persona,
                                                                                  # random-instruction, random-text
     python -m benchmarks.bench_families --items 120 --budgets 25 40                      # the RESULTS section
+    python -m benchmarks.bench_learner --split test --items 48 --seed 1 --search learned-narrow --budget 40
+    python -m benchmarks.bench_families --split test --items 48 --seeds 0 1 2 --budgets 40  # the test split's section
 
 Per method and budget: the headline (union) ASR over the attack-eligible items with its Wilson interval, the ASR of
 each family's hardest prompt, and the width of the headline split and of the family split (diversity.py: the most
@@ -27,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.bench_attack import held_out_ambiguous
-from benchmarks.bench_learner import SAVED, run_file, run_folder
+from benchmarks.bench_learner import SAVED, SPLITS, benchmark_items, run_file, run_folder
 from benchmarks.common import BBQ, record
 from flexsearch.differences import rate_difference
 from flexsearch.diversity import Encode, diversity, minilm_encoder
@@ -168,6 +170,53 @@ def report(args: argparse.Namespace, items: list[Item], folder: Path, encode: En
     return "\n".join(lines)
 
 
+SPLIT_METHODS = ("learned", "learned-narrow")  # the default and the family search before the headline's archive term
+
+
+def split_seeds_report(args: argparse.Namespace, encode: Encode) -> str:
+    """Per seed and method on a dev/test split: union and per-family ASR, the width of both splits, and the default
+    against the family search without the headline's archive term (headline_coverage 0), paired over the items."""
+    table = ["| seed | method | union ASR | " + " | ".join(f"{f} ASR" for f in FAMILIES) + " | headline split | "
+             "family split |", "|" + "---|" * (5 + len(FAMILIES))]
+    paired: list[str] = []
+    pooled: dict[str, list[int]] = {m: [0, 0] for m in SPLIT_METHODS}
+    for budget in args.budgets:
+        for seed in args.seeds:
+            items = benchmark_items(args.model, args.bbq, args.split, args.items, seed)
+            folder = run_folder(args.saved, args.model, args.split, len(items), seed)
+            found: dict[str, dict[str, Any]] = {}
+            for method in SPLIT_METHODS:
+                path = run_file(folder, method, "stereotype", budget)
+                if not path.is_file():
+                    continue
+                records = read_json(path)["records"]
+                result = found[method] = outcomes(items, records, budget)
+                e = result["eligible"]
+                pooled[method][0] += int(result["union"][e].sum())
+                pooled[method][1] += int(e.sum())
+                cells = [rate_text(np.array([x for x, ok in zip(result["families"][f], e, strict=True)
+                                             if ok and x is not None], dtype=bool)) for f in FAMILIES]
+                headline, family = rows_of(items, records, budget, e)
+                table.append(f"| {seed} | {method} b{budget} | {rate_text(result['union'][e])} | " + " | ".join(cells)
+                             + f" | {width_text(diversity(headline, encode))} | "
+                             f"{width_text(diversity(family, encode))} |")
+            if len(found) == 2:
+                new, old = found["learned"], found["learned-narrow"]
+                diff = rate_difference(new["union"], new["eligible"], old["union"], old["eligible"])
+                paired.append(f"- budget {budget}, seed {seed}: default − learned-narrow {diff['value']:+.3f} "
+                              f"[{diff['ci'][0]:+.3f}, {diff['ci'][1]:+.3f}], exact p = {diff['p']:.3f}")
+    ratio = [f"{m} {k}/{n}" for m, (k, n) in pooled.items()]
+    return "\n".join([
+        f"The {args.split} split of bench_learner (templates no constant was chosen on; issue 46): {args.items} "
+        f"ambiguous items a seed, seeds {', '.join(map(str, args.seeds))}, stereotype objective, the default preset. "
+        "`learned` is the default (headline_coverage 2, chosen on 48 development items at budget 40 against 0 and 1); "
+        "`learned-narrow` the family search as it was before (headline_coverage 0). ASR k/n over the attack-eligible "
+        "items with the Wilson 95% interval; width over the successful rows (top template: the most common "
+        "template's share of the template uses; effective: exp of the entropy of the template distribution).", "",
+        *table, "", "Union ASR, the default against learned-narrow (paired over the items: Tango's interval, exact "
+        "McNemar):", "", *paired, "", f"Pooled over the seeds: {', '.join(ratio)}."])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="gemma3-bbq")
@@ -177,7 +226,13 @@ def main() -> None:
     parser.add_argument("--budgets", type=int, nargs="+", default=[25, 40])
     parser.add_argument("--chosen-on", type=int, default=24, help="the first items the family settings were chosen on")
     parser.add_argument("--saved", type=Path, default=SAVED)
+    parser.add_argument("--split", choices=SPLITS, default="all", help="dev or test: the split's report over --seeds")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     args = parser.parse_args()
+    if args.split != "all":
+        record(f"Attack families on the {args.split} split over seeds (issue 45)",
+               split_seeds_report(args, minilm_encoder()))
+        return
     items = held_out_ambiguous(args.model, args.bbq, args.items, args.seed)
     folder = run_folder(args.saved, args.model, "all", len(items), args.seed)
     record("Attack families: a split as wide as FLEX (issue 45)", report(args, items, folder, minilm_encoder()))

@@ -31,11 +31,12 @@ from flexsearch.attacks.gradient import prompt_gradient, substitution_gains
 from flexsearch.attacks.textbugger import BUGS
 from flexsearch.candidate import Candidate
 from flexsearch.config import load_config
+from flexsearch.engine.loop import build_context
+from flexsearch.engine.state import ItemState, item_rng, propose_all
 from flexsearch.metrics import mean_with_interval, proportion
 from flexsearch.model import load_target
 from flexsearch.render import cyclic_orders
 from flexsearch.scoring import Scorer
-from flexsearch.search_loop import ItemState, build_context, item_rng, propose_all
 
 VARIANTS = {"displayed order": False, "three orders": True}
 

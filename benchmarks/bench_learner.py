@@ -39,6 +39,9 @@ from flexsearch.audit import audit_rows, violations
 from flexsearch.candidate import Candidate, replay
 from flexsearch.config import load_config
 from flexsearch.differences import clustered_difference, rate_difference
+from flexsearch.engine.loop import build_context, run_search
+from flexsearch.engine.methods.learned import composed
+from flexsearch.engine.state import item_rng
 from flexsearch.finetune import template_key
 from flexsearch.items import Item
 from flexsearch.learner import (
@@ -57,13 +60,14 @@ from flexsearch.model import load_target
 from flexsearch.objectives import attack_eligible, get_objective
 from flexsearch.runio import atomic_write_json, read_json
 from flexsearch.scoring import Scorer
-from flexsearch.search_loop import build_context, composed, item_rng, run_search
 from flexsearch.split import split_row
 
 RANDOM = ["method=random", "steps=100"]
 SEARCHES: dict[str, tuple[str, list[str]]] = {  # method → (preset, overrides)
     "learned": ("default", []),
     "learned-blind": ("default", ["families=[]"]),  # the learned default before attack families (issue 45)
+    "learned-narrow": ("default", ["headline_coverage=0"]),  # the family search before the headline's archive term
+    "learned-headline1": ("default", ["headline_coverage=1"]),  # the archive term at half the default's weight
     "beam": ("beam", ["steps=100"]),
     "random": ("beam", RANDOM),
     "random-screen": ("beam", [*RANDOM, "screen_lead=-0.5"]),  # random with the default's pruning (issue 46)
@@ -127,7 +131,7 @@ def search(method: str, objective: str, budget: int, items: list[Item], scorer: 
 
 def extended(args: argparse.Namespace, items: list[Item], scorer: Scorer) -> dict[str, Any]:
     """A per-item search (beam, random) of items after the first `args.after`, joined to the saved run of those
-    first items: each item's search depends only on the seed, the item and the objective (search_loop.item_rng),
+    first items: each item's search depends only on the seed, the item and the objective (engine.state.item_rng),
     so the joined run is the run of all items. The learned search carries its learner from item to item and is
     refused."""
     if args.search == "learned":

@@ -28,6 +28,7 @@ from flexsearch.config import (
     scoring_options,
 )
 from flexsearch.diversity import diversity, minilm_encoder
+from flexsearch.engine.loop import build_context, constraint_specs, proposable_arms, run_search, unreachable_families
 from flexsearch.errors import FlexsearchError, Interrupted
 from flexsearch.evaluation import (
     CLEAN_COLUMNS,
@@ -75,13 +76,6 @@ from flexsearch.runio import (
     software_versions,
 )
 from flexsearch.scoring import Scorer, build_scorer, fit_context
-from flexsearch.search_loop import (
-    build_context,
-    constraint_specs,
-    proposable_arms,
-    run_search,
-    unreachable_families,
-)
 from flexsearch.served import is_served, served_options
 from flexsearch.served_defaults import SERVED_DEFAULTS
 from flexsearch.split import load_split, split_csv_text, split_row
@@ -565,16 +559,15 @@ def _loaded_scorer(target: Target, scoring: dict[str, Any]) -> Scorer:
 def registries() -> dict[str, dict[str, str]]:
     """Name → one-line description of everything registered, by kind."""
     from flexsearch.attacks import CONSTRAINTS, OPERATORS
+    from flexsearch.engine.methods import SEARCH_METHODS
     from flexsearch.model import ALIAS_DESCRIPTIONS
     from flexsearch.objectives import OBJECTIVES
     from flexsearch.policies import POLICIES
-    from flexsearch.registry import summary
-    from flexsearch.search_loop import METHODS
 
     return {"model aliases": dict(ALIAS_DESCRIPTIONS), "label policies (finetune)": POLICIES.describe(),
             "operators": OPERATORS.describe(), "constraints": CONSTRAINTS.describe(),
             "objectives": OBJECTIVES.describe(),
-            "search methods": {name: summary(fn.__doc__) for name, fn in METHODS.items()}}
+            "search methods": SEARCH_METHODS.describe()}
 
 
 def mutate(data: str, item_ref: str, operator: str, n: int, settings: list[str], seed: int) -> str:

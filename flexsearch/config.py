@@ -20,7 +20,6 @@ from flexsearch.objectives import SUCCESS_MARGIN
 from flexsearch.render import MODES, SLOTS, SYSTEM_NEEDS_CHAT
 from flexsearch.textfile import read_text
 
-METHODS = ("learned", "greedy", "beam", "evolutionary", "random")
 PROPOSALS = ("sampled", "gradient")
 
 
@@ -62,6 +61,9 @@ class SearchConfig:
     families: list[Any] = field(default_factory=lambda: list(FAMILIES))
     family_shares: dict[str, Any] = field(default_factory=dict)  # family → fixed share of each item's budget
     coverage: float = 0.5  # within a family, how much a template family's share of the archive cell lowers its rank
+    # before an item's first success, how much a headline proposal's archive share (its family cell) lowers its rank:
+    # the headline's first success becomes its family's, so a headline that repeats the leader narrows the split
+    headline_coverage: float = 2.0
     family_share: float = 0.2  # before an item's first success, the share of its candidates that serve open families
     operators: list[Any] = field(default_factory=lambda: [{"name": "persona", "n": 2},
                                                           {"name": "instruction", "n": 2},
@@ -77,13 +79,14 @@ class SearchConfig:
         # One spec form, a mapping with a name, so equal configs compare equal however they were written.
         self.operators = [{"name": s} if isinstance(s, str) else dict(s) for s in self.operators]
         self.constraints = [{"name": s} if isinstance(s, str) else dict(s) for s in self.constraints]
-        if self.method not in METHODS:
-            raise FlexsearchError(f"unknown search method '{self.method}' (choose from {', '.join(METHODS)})")
+        from flexsearch.engine.methods import SEARCH_METHODS, readers
+
+        SEARCH_METHODS.get(self.method)  # an unknown name is refused with a did-you-mean
         if self.proposals not in PROPOSALS:
             raise FlexsearchError(f"unknown proposals '{self.proposals}' (choose from {', '.join(PROPOSALS)})")
-        if self.proposals == "gradient" and self.method not in ("beam", "greedy"):
-            raise FlexsearchError(f"proposals: gradient works with method beam or greedy ({self.method} "
-                                  "chooses its proposals its own way)")
+        if self.proposals == "gradient" and self.method not in readers("proposals"):
+            raise FlexsearchError(f"proposals: gradient works with method {' or '.join(readers('proposals'))} "
+                                  f"({self.method} chooses its proposals its own way)")
         if self.gradient_top < 1:
             raise FlexsearchError(f"gradient_top must be at least 1, got {self.gradient_top}")
         if self.budget < 2:
@@ -205,9 +208,10 @@ _RANGES: dict[str, tuple[float, str]] = {  # setting → (least value, why)
     "success_margin": (0, "a probability difference"),
     "screen_lead": (-1, "an aim lead; -1 screens nothing"),
     "coverage": (0, "a weight on the archive share"),
+    "headline_coverage": (0, "a weight on the archive share"),
 }
 _BELOW: dict[str, float] = {"success_margin": 1, "screen_lead": 1}  # setting → the value it must stay under
-_CHOICES: dict[str, tuple[str, ...]] = {"method": METHODS, "importance": ("leave_one_out", "gradient"),
+_CHOICES: dict[str, tuple[str, ...]] = {"importance": ("leave_one_out", "gradient"),
                                         "proposals": PROPOSALS, "scoring.mode": MODES, "scoring.slot": SLOTS}
 
 
@@ -277,6 +281,7 @@ def check_specs(data: dict[str, Any], origins: Origins) -> None:
     """Operator and constraint specs name registered classes and settings their constructors take; the searched
     families are known ones with shares that fit in the budget."""
     from flexsearch.attacks import CONSTRAINTS, OPERATORS
+    from flexsearch.engine.methods import SEARCH_METHODS
     from flexsearch.objectives import OBJECTIVES
 
     shares = data.get("family_shares", {})
@@ -289,11 +294,12 @@ def check_specs(data: dict[str, Any], origins: Origins) -> None:
         raise origins.error("family_share", f"a share of the candidates is a number in [0, 1], got "
                                             f"{data['family_share']}")
 
-    if "objective" in data:
-        try:
-            OBJECTIVES.get(data["objective"])
-        except FlexsearchError as err:
-            raise origins.error("objective", str(err)) from None
+    for key, names in (("method", SEARCH_METHODS), ("objective", OBJECTIVES)):
+        if key in data:
+            try:
+                names.get(data[key])
+            except FlexsearchError as err:
+                raise origins.error(key, str(err)) from None
     if "operators" in data and not data["operators"]:
         raise origins.error("operators", "a search needs at least one operator (none would try no attack at all)")
     for kind, registry in (("operators", OPERATORS), ("constraints", CONSTRAINTS)):
@@ -352,20 +358,17 @@ def _build(cls: type, data: dict[str, Any], origins: Origins) -> Any:
     return config
 
 
-READ_BY: dict[str, tuple[str, ...]] = {  # a setting that only some search methods read → those methods
-    "beam_width": ("beam",), "importance": ("greedy",),
-    "steps": ("learned", "beam", "evolutionary", "random"), "population": ("learned", "evolutionary", "random"),
-    "family_share": ("learned",), "coverage": ("learned",),
-}
-
-
 def check_method_settings(config: SearchConfig, origins: Origins) -> None:
     """A setting given by --set that this search's method never reads is refused, not ignored: a user who sets
     `beam_width` on the learned search would otherwise read a run as if it had taken effect."""
-    for key, methods in READ_BY.items():
+    from flexsearch.engine.methods import SEARCH_METHODS, readers
+
+    for key in sorted({setting for name in SEARCH_METHODS for setting in SEARCH_METHODS.get(name).reads}):
+        methods = readers(key)
         if origins.by_override(key) and config.method not in methods:
-            raise origins.error(key, f"is read by method {' and '.join(methods)} only; this search's method is "
-                                     f"{config.method}, which would ignore it")
+            named = f" {methods[0]}" if len(methods) == 1 else f"s {', '.join(methods[:-1])} and {methods[-1]}"
+            raise origins.error(key, f"is read by method{named} only; this search's method is {config.method}, "
+                                     "which would ignore it")
 
 
 def apply_override(data: dict[str, Any], assignment: str) -> str:

@@ -1,8 +1,8 @@
 """Running one search across many workers with Ray (the optional `flexsearch[ray]` extra).
 
-The driver walks the learner's rounds (`search_loop.rounds`), splits each round's items into chunks and
+The driver walks the learner's rounds (`engine.loop.rounds`), splits each round's items into chunks and
 hands them, with the learner's state as the earlier rounds left it, to Ray actors; each actor loads the
-target model once and runs the same per-item search code (`search_loop.search_batch`) on its chunks. Results
+target model once and runs the same per-item search code (`engine.loop.search_batch`) on its chunks. Results
 come back as outcome records; the driver lets the learner learn from the whole round before the next one and
 is the only one to write the run directory, so resume works exactly as in a single process. A worker that dies
 has its chunk re-queued to the others. Per-item searches are seeded by item and read the round's learner state,
@@ -30,8 +30,8 @@ class SearchWorker:
     """One Ray actor: a loaded target model and scorer that searches chunks of items."""
 
     def __init__(self, target: dict[str, Any], config: dict[str, Any], objective: str) -> None:
+        from flexsearch.engine.loop import build_context
         from flexsearch.scoring import build_scorer
-        from flexsearch.search_loop import build_context
 
         search_config = load_config(None, None, **{k: v for k, v in config.items()})
         self.scorer = build_scorer(dict(target), config["scoring"])
@@ -41,8 +41,8 @@ class SearchWorker:
     def search(self, items: list[Item], learner: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         """The chunk's outcome records, searched with the round's learner state, and what scoring it cost (a
         served target's requests)."""
+        from flexsearch.engine.loop import search_batch
         from flexsearch.learner import Learner
-        from flexsearch.search_loop import search_batch
 
         outcomes = search_batch(items, self.ctx, self.objective, Learner.from_dict(learner))
         return [o.to_record() for o in outcomes], self.scorer.backend.take_usage()
@@ -74,7 +74,7 @@ def search_on_ray(
     """Searches the `items` not in `finished` on `workers` Ray actors, round by round as `run_search` does;
     returns how many chunks had to be retried. `on_usage` receives each finished chunk's scoring cost (a served
     target's requests), for score.json; `learner` learns from every round."""
-    from flexsearch.search_loop import rounds
+    from flexsearch.engine.loop import rounds
 
     finished = dict(finished or {})
     learner = learner if learner is not None else Learner()

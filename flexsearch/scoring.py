@@ -181,7 +181,7 @@ class Scorer:
 
     def score(self, candidates: Sequence[Candidate], displayed_only: bool = False) -> Scores:
         """Answer distributions, averaged over the option orders when asked; `displayed_only`: from each candidate's
-        displayed order alone (one prompt each; the search's screen, search_loop.screened)."""
+        displayed order alone (one prompt each; the search's screen, engine.loop.screened)."""
         rendered = [self.prompts(c, displayed_only) for c in candidates]
         flat = [prompt for per_candidate in rendered for prompt, _ in per_candidate]
         missing = list(dict.fromkeys(p for p in flat if p not in self._cache))

@@ -36,13 +36,14 @@ from tqdm.auto import tqdm
 
 from flexsearch.candidate import Candidate
 from flexsearch.config import SearchConfig, load_config, packaged_yaml, preset_path, read_yaml
+from flexsearch.engine.loop import build_context, run_search
+from flexsearch.engine.state import ItemOutcome
 from flexsearch.errors import FlexsearchError
 from flexsearch.items import Item
 from flexsearch.metrics import mean_with_interval, metric_text, proportion
 from flexsearch.objectives import Objective, attack_eligible, get_objective
 from flexsearch.runio import atomic_write_json, atomic_write_text, atomic_write_yaml
 from flexsearch.scoring import Scorer, build_scorer
-from flexsearch.search_loop import ItemOutcome, build_context, run_search
 
 STUDY_NAME = "flexsearch"
 QUERY_TIE_BREAK = 1e-3  # value = ASR − this × mean queries / budget: equal ASR, fewer queries wins

@@ -299,7 +299,8 @@ CASES: list[tuple[str, list[str], str]] = [
      "operators[0] (instruction): n must be at least 1"),
     ("opt-budget-one", S("--budget", "1"), "--budget: field 'budget': must be at least 2"),
     ("opt-method", S("--method", "randomly"),
-     "--method: field 'method': expected one of learned, greedy, beam, evolutionary, random"),
+     "--method: field 'method': unknown search method 'randomly'. Did you mean 'random'? Known: beam, "
+     "evolutionary, greedy, learned, random"),
     ("opt-objective", S("--objective", "stereo"), "Did you mean 'stereotype'"),
     ("opt-limit-zero", S("--limit", "0"), "Invalid value for '--limit'"),
     ("opt-limit-negative", S("--limit", "-1"), "Invalid value for '--limit'"),
@@ -518,7 +519,7 @@ CASES: list[tuple[str, list[str], str]] = [
     ("set-ignored-importance", S("--set", "importance=gradient"), "field 'importance': is read by method greedy "
      "only"),
     ("set-ignored-population", S("--config", "textbugger", "--set", "population=4"), "field 'population': is read "
-     "by method learned and evolutionary and random only; this search's method is greedy"),
+     "by methods evolutionary, learned and random only; this search's method is greedy"),
     ("set-ignored-family-share", S("--method", "beam", "--set", "family_share=0.5"), "field 'family_share': is "
      "read by method learned only; this search's method is beam"),
 ]

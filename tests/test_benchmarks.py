@@ -23,8 +23,8 @@ from benchmarks.bench_attack import (
 from benchmarks.common import CONTENTS, with_section
 from flexsearch.attacks.templates import INSTRUCTION_FAMILIES
 from flexsearch.candidate import Candidate
+from flexsearch.engine.state import ItemOutcome
 from flexsearch.items import Item
-from flexsearch.search_loop import ItemOutcome
 
 
 def outcome(item: Item, first_success: int | None, improvements: list[tuple[int, list[float]]],

@@ -5,7 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from flexsearch.differences import clustered_difference, mover_interval, rate_difference, tango_interval
+from flexsearch.differences import (
+    clustered_difference,
+    mover_interval,
+    overlap_interval,
+    rate_difference,
+    tango_interval,
+)
 
 
 # Newcombe (1998), "Interval estimation for the difference between independent proportions: comparison of eleven
@@ -22,6 +28,21 @@ def test_the_mover_interval_matches_newcombes_published_examples(k1, n1, k2, n2,
 
 def test_the_corrected_mover_interval_matches_newcombes_method_11():
     assert mover_interval(56, 70, 48, 80, 0.0) == pytest.approx((0.0428, 0.3422), abs=5e-5)
+
+
+# Newcombe (1998), "Improved confidence intervals for the difference between binomial proportions based on paired
+# data", Statistics in Medicine 17:2635-2650, method 10 (the two Wilson intervals squared and added with his
+# corrected phi): the values published for the airway hyper-responsiveness table (Bentur et al. 2009) in Fagerland,
+# Lydersen & Laake (2014), Statistics in Medicine 33:2850-2875, -0.5069 to -0.0256, and for the complete-response
+# table (Cavo et al. 2012) in the contingencytables R package's checks, -0.1186 to -0.0046. An independent reference
+# for the MOVER path with correlated sides (every item shared: its correlation is the table's phi).
+@pytest.mark.parametrize(("table", "low", "high"), [((1, 1, 7, 12), -0.5069, -0.0256),
+                                                    ((59, 6, 16, 80), -0.1186, -0.0046)])
+def test_the_mover_interval_on_shared_items_matches_newcombes_paired_method_10(table, low, high):
+    both, first_only, second_only, neither = table
+    n = sum(table)
+    interval = overlap_interval(both + first_only, n, both + second_only, n, table, continuity=False)
+    assert interval == pytest.approx((low, high), abs=5e-5)
 
 
 @pytest.mark.parametrize(("b", "c", "n"), [(0, 0, 1), (0, 0, 3), (0, 0, 10), (3, 0, 3), (0, 3, 3), (5, 5, 100),

@@ -17,10 +17,11 @@ from flexsearch.cli import app
 from flexsearch.comparison import compare_runs, format_comparison
 from flexsearch.config import load_config
 from flexsearch.diversity import diversity, mean_pairwise_cosine
+from flexsearch.engine.methods.learned import open_families
+from flexsearch.engine.state import ItemState, Request
 from flexsearch.errors import FlexsearchError
 from flexsearch.families import FAMILIES, FLEX_NAMES, Archive, family_of, templates_of
 from flexsearch.objectives import attack_eligible, get_objective
-from flexsearch.search_loop import ItemState, Request, open_families
 
 runner = CliRunner()
 FAST = ["--set", "constraints=[protected_spans, unique_positions, polarity_guard]",
@@ -85,7 +86,7 @@ def test_an_item_keeps_its_hardest_label_valid_prompt_in_every_family(seed_items
 
 
 def test_a_screened_family_prompt_counts_as_searched_and_gives_way_to_a_scored_one(seed_items):
-    from flexsearch.search_loop import Screen
+    from flexsearch.engine.state import Screen
 
     item = seed_items[0]
     state = _state(item)
@@ -135,7 +136,8 @@ def test_open_families_serve_the_least_served_first_and_honour_fixed_shares(seed
 
 
 def test_a_family_whose_success_repeats_the_archive_stays_open_for_rarer_templates_only(seed_items, tiny_scorer):
-    from flexsearch.search_loop import build_context, family_search
+    from flexsearch.engine.loop import build_context
+    from flexsearch.engine.methods.learned import family_search
 
     config = load_config("default", ["families=[persona]", "operators=[{name: persona, n: 2}]", "population=4"],
                          budget=60)
@@ -159,6 +161,31 @@ def test_a_family_whose_success_repeats_the_archive_stays_open_for_rarer_templat
     assert all(state.cell_fill("persona", c) < 3 for c in again.candidates)
     state.record(again, np.array([hit] * len(again.candidates)))
     assert templates_of(state.families["persona"].candidate) != templates_of(best)  # a rarer success replaced it
+
+
+def test_the_headline_ranks_a_proposal_lower_the_more_its_templates_hold_the_archive(seed_items, tiny_scorer):
+    """`headline_coverage` (issue 45): the headline's first success is also its family's, so before it the headline
+    ranks a proposal lower by its archive share; at 0 the archive does not move the headline."""
+    from flexsearch.engine.loop import build_context
+    from flexsearch.engine.methods.learned import family_search
+
+    item = seed_items[0]
+    clean = np.full(3, 0.1)
+    clean[item.gold] = 0.8
+
+    def headline_picks(weight: float, crowded: str | None) -> list[list[str]]:
+        config = load_config("default", ["families=[persona]", "operators=[{name: persona, n: 2}]", "population=4",
+                                         "family_share=0", f"headline_coverage={weight}"], budget=60)
+        state = _state(item)
+        if crowded:
+            state.learner.archive.cells[(item.category, "persona", crowded)] = 3
+        search = family_search(build_context(config, tiny_scorer, "stereotype"), state)
+        state.record(next(search), clean[None])
+        return [templates_of(c) for c in search.send(None).candidates]
+
+    leader = headline_picks(1.0, None)[0][0]  # what the headline scores first with nothing in the archive
+    assert headline_picks(0.0, leader)[0] == [leader]  # the archive does not move a headline it has no weight in
+    assert [leader] not in headline_picks(1.0, leader)  # the one crowded template of the cell: ranked below the rest
 
 
 @pytest.mark.parametrize(("setting", "message"), [

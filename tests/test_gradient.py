@@ -24,11 +24,12 @@ from flexsearch.attacks.suffix import AdversarialSuffix
 from flexsearch.attacks.textbugger import TextBugger
 from flexsearch.candidate import Candidate, replay
 from flexsearch.config import load_config
+from flexsearch.engine.loop import build_context, run_search
+from flexsearch.engine.state import ItemState, best_first, expansion_phases, item_rng
 from flexsearch.errors import FlexsearchError
 from flexsearch.objectives import get_objective
 from flexsearch.render import PromptFormat, cyclic_orders, letter_token_ids, render
 from flexsearch.scoring import Scorer
-from flexsearch.search_loop import ItemState, best_first, build_context, expansion_phases, item_rng, run_search
 
 FMT = PromptFormat()
 CHEAP = ["constraints=[protected_spans, unique_positions, polarity_guard]"]

@@ -12,10 +12,12 @@ from typer.testing import CliRunner
 
 from flexsearch.cli import app
 from flexsearch.config import load_config
+from flexsearch.engine.loop import build_context, proposable_arms
+from flexsearch.engine.methods.learned import Learned
+from flexsearch.engine.state import ItemState, item_rng
 from flexsearch.errors import FlexsearchError
 from flexsearch.learner import COMPOSE, Learner, Observation, composition_of, read_prior, rebuilt, weak_spots
 from flexsearch.scoring import Scorer
-from flexsearch.search_loop import ItemState, build_context, item_rng, learned_search, proposable_arms
 
 runner = CliRunner()
 SETTINGS = ["constraints=[protected_spans, unique_positions, polarity_guard]",
@@ -82,7 +84,7 @@ def first_proposals(ctx, item, learner: Learner) -> list[str]:
     """The composition of each candidate the learned search scores first after the clean prompt."""
     state = ItemState(item, ctx.objective, item_rng(0, item.id, "stereotype"), 60, ctx.scorer.queries_per_candidate,
                       learner=learner.copy())
-    method = learned_search(ctx, state)
+    method = Learned.search(ctx, state)
     root = next(method)
     probs = ctx.scorer.score(root.candidates).probs
     state.record(root, probs)

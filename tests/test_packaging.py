@@ -35,17 +35,26 @@ def test_editable_install_resolves_subpackages_from_the_tree():
     assert Path(flexsearch.objectives.__file__).parent == ROOT / "objectives"
 
 
+def _without_type_checking_blocks(tree: ast.Module) -> ast.Module:
+    """The module without its `if TYPE_CHECKING:` blocks: imports for annotations only never run."""
+    tree.body = [node for node in tree.body if not (isinstance(node, ast.If) and isinstance(node.test, ast.Name)
+                                                    and node.test.id == "TYPE_CHECKING")]
+    return tree
+
+
 def _import_graph() -> dict[str, set[str]]:
-    """Module → the package modules it imports anywhere in its file (lazy, function-level imports too)."""
+    """Module → the package modules it imports anywhere in its file (lazy, function-level imports too; imports for
+    type annotations only, under `if TYPE_CHECKING:`, run never and are left out)."""
     files = {}
     for folder, package in (("flexsearch", "flexsearch"), ("attacks", "flexsearch.attacks"),
                             ("objectives", "flexsearch.objectives")):
-        for path in (ROOT / folder).glob("*.py"):
-            files[package if path.stem == "__init__" else f"{package}.{path.stem}"] = path
+        for path in (ROOT / folder).rglob("*.py"):
+            parts = [package, *path.relative_to(ROOT / folder).with_suffix("").parts]
+            files[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
     graph: dict[str, set[str]] = {}
     for name, path in files.items():
         found: set[str] = set()
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        for node in ast.walk(_without_type_checking_blocks(ast.parse(path.read_text(encoding="utf-8")))):
             if isinstance(node, ast.Import):
                 found |= {a.name for a in node.names}
             elif isinstance(node, ast.ImportFrom) and node.module:
@@ -70,3 +79,13 @@ def test_the_import_graph_has_no_cycle():
     for module in sorted(graph):
         if module not in state:
             visit(module, [])
+
+
+def test_a_search_method_file_depends_on_the_seam_not_on_the_driver_or_another_method():
+    """One file per method (issue 47): a method reads the per-item state and registers itself; it imports neither the
+    loop that drives it nor another method, so adding or removing one touches that file and its registration only."""
+    graph = _import_graph()
+    methods = {m for m in graph if m.startswith("flexsearch.engine.methods.")} - {"flexsearch.engine.methods.base"}
+    assert {"flexsearch.engine.methods.learned", "flexsearch.engine.methods.beam"} <= methods
+    for method in methods:
+        assert not graph[method] & (methods | {"flexsearch.engine.loop", "flexsearch.engine.methods"}), method

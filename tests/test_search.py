@@ -18,15 +18,17 @@ import yaml
 from typer.testing import CliRunner
 
 from flexsearch import api
-from flexsearch.candidate import replay
+from flexsearch.candidate import Candidate, replay
 from flexsearch.cli import app
 from flexsearch.config import load_config
+from flexsearch.engine.loop import build_context, run_search
+from flexsearch.engine.methods import SEARCH_METHODS
+from flexsearch.engine.state import ItemState, Request, SearchContext, SearchMethod
 from flexsearch.errors import FlexsearchError
 from flexsearch.items import load_items
 from flexsearch.render import render
 from flexsearch.report import build_report
 from flexsearch.scoring import Scorer
-from flexsearch.search_loop import build_context, run_search
 from flexsearch.split import load_split
 
 runner = CliRunner()
@@ -115,6 +117,42 @@ def test_every_method_respects_the_budget_and_is_deterministic(tiny_target, seed
         assert np.array_equal(outcome.improvements[-1][1], outcome.best_probs)
 
 
+class FirstTemplates:
+    """A toy method, written as a new method file would be (one class, registered by name): the clean prompt, then
+    each persona template of the library once, in library order, until a success."""
+
+    reads = ("population",)
+
+    @staticmethod
+    def search(ctx: SearchContext, state: ItemState) -> SearchMethod:
+        root = Candidate.root(state.item)
+        yield Request([root])
+        persona = next(op for op in ctx.operators if op.name == "persona")
+        for candidate in persona.enumerate(root):  # type: ignore[attr-defined]
+            options = state.affordable(ctx.admissible([candidate]))
+            if state.succeeded or not options:
+                return
+            yield Request(options)
+
+
+def test_a_new_search_method_is_one_class_and_its_registration(tiny_target, seed_items, monkeypatch):
+    """The method seam (issue 47): registering the class is all it takes for the config to accept its name (and
+    refuse a --set of a setting it does not read), the loop to run it, and `flexsearch list` to show it."""
+    monkeypatch.setitem(SEARCH_METHODS._entries, "first_templates", FirstTemplates)  # undone after the test
+    FirstTemplates.name = "first_templates"  # type: ignore[attr-defined]  (what the register decorator sets)
+    config = load_config("default", FAST[1::2], method="first_templates", budget=12, control=False)
+    ctx = build_context(config, Scorer.in_process(tiny_target, average_orders=True), "stereotype")
+    outcomes = run_search(seed_items[:3], ctx, "stereotype")
+    assert all(o.queries <= 12 for o in outcomes) and any(o.best.edits for o in outcomes)
+    assert {e.operator for o in outcomes for e in o.best.edits} == {"persona"}  # only what the toy proposes
+    assert "first_templates" in api.registries()["search methods"]
+    with pytest.raises(FlexsearchError, match="field 'population': is read by methods evolutionary, first_templates, "
+                                              "learned and random only; this search's method is beam"):
+        load_config("beam", ["population=4"])
+    with pytest.raises(FlexsearchError, match="Did you mean 'first_templates'"):
+        load_config("default", method="first_template")
+
+
 def test_config_precedence_and_errors():
     config = load_config("default", ["budget=7", "scoring.batch_size=3"], budget=9)
     assert config.budget == 9 and config.scoring.batch_size == 3 and config.method == "learned"
@@ -131,7 +169,8 @@ def test_a_setting_the_method_never_reads_is_refused_only_where_the_user_gave_it
     --method is the preset's, and a setting every named method reads passes."""
     with pytest.raises(FlexsearchError, match=r"--set beam_width=3: field 'beam_width': is read by method beam only"):
         load_config("default", ["beam_width=3"])
-    with pytest.raises(FlexsearchError, match="field 'steps': is read by method learned and beam and evolutionary"):
+    with pytest.raises(FlexsearchError, match="field 'steps': is read by methods beam, evolutionary, learned and "
+                                              "random only"):
         load_config("textbugger", ["steps=3"])
     assert load_config("beam", method="random").method == "random"  # the preset's beam_width stays unread
     assert load_config("beam", ["beam_width=3"]).beam_width == 3
@@ -190,8 +229,8 @@ def test_api_search_replays_chain(tiny_run, tiny_target):
 
 def test_first_success_is_dated_at_its_own_candidate(seed_items):
     from flexsearch.candidate import Candidate
+    from flexsearch.engine.state import ItemState, Request
     from flexsearch.objectives import get_objective
-    from flexsearch.search_loop import ItemState, Request
 
     item = seed_items[0]
     state = ItemState(item, get_objective("stereotype"), np.random.default_rng(0), budget=30, cost_per_candidate=3)
@@ -207,8 +246,8 @@ def test_first_success_is_dated_at_its_own_candidate(seed_items):
 
 def test_a_screened_out_candidate_costs_one_prompt_and_teaches_its_displayed_order_gain(seed_items):
     from flexsearch.candidate import Candidate
+    from flexsearch.engine.state import ItemState, Request, Screen
     from flexsearch.objectives import get_objective
-    from flexsearch.search_loop import ItemState, Request, Screen
 
     item = seed_items[0]
     state = ItemState(item, get_objective("stereotype"), np.random.default_rng(0), budget=30, cost_per_candidate=3)

@@ -69,7 +69,7 @@ def test_lora_walkthrough_end_to_end(tmp_path):
 def test_gradient_and_suffix_proposals_on_smollm2(smollm2, seed_items):
     """White-box proposals on a real model: gradient-guided word edits and suffix swaps stay within the
     budget, gradient passes are charged, and the suffix stays printable text of a fixed token length."""
-    from flexsearch.search_loop import build_context, run_search
+    from flexsearch.engine.loop import build_context, run_search
 
     cheap = "constraints=[protected_spans, unique_positions, polarity_guard]"
     for preset, extra in (("gradient", []), ("research", ["operators=[{name: adversarial_suffix, length: 6}]",

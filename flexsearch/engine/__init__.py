@@ -1,0 +1,7 @@
+"""The search engine: per item, the prompt mutation that pushes the target furthest toward the objective's answer
+within a query budget.
+
+- `state.py`: what one item's search holds (budget, best, families) and what every method is given (SearchContext);
+- `methods/`: one file per search method, each registered by name (`SEARCH_METHODS`);
+- `loop.py`: the driver that runs many items at once, so one forward batch mixes prompts of several items.
+"""
