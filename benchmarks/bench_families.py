@@ -170,7 +170,8 @@ def report(args: argparse.Namespace, items: list[Item], folder: Path, encode: En
     return "\n".join(lines)
 
 
-SPLIT_METHODS = ("learned", "learned-narrow")  # the default and the family search before the headline's archive term
+# the default, the family search before the headline's archive term, and that term at twice the default's weight
+SPLIT_METHODS = ("learned", "learned-narrow", "learned-headline2")
 
 
 def split_seeds_report(args: argparse.Namespace, encode: Encode) -> str:
@@ -200,20 +201,26 @@ def split_seeds_report(args: argparse.Namespace, encode: Encode) -> str:
                 table.append(f"| {seed} | {method} b{budget} | {rate_text(result['union'][e])} | " + " | ".join(cells)
                              + f" | {width_text(diversity(headline, encode))} | "
                              f"{width_text(diversity(family, encode))} |")
-            if len(found) == 2:
-                new, old = found["learned"], found["learned-narrow"]
-                diff = rate_difference(new["union"], new["eligible"], old["union"], old["eligible"])
-                paired.append(f"- budget {budget}, seed {seed}: default − learned-narrow {diff['value']:+.3f} "
-                              f"[{diff['ci'][0]:+.3f}, {diff['ci'][1]:+.3f}], exact p = {diff['p']:.3f}")
+            for method in ("learned", "learned-headline2"):
+                if method in found and "learned-narrow" in found:
+                    new, old = found[method], found["learned-narrow"]
+                    diff = rate_difference(new["union"], new["eligible"], old["union"], old["eligible"])
+                    paired.append(f"- budget {budget}, seed {seed}: {method} − learned-narrow {diff['value']:+.3f} "
+                                  f"[{diff['ci'][0]:+.3f}, {diff['ci'][1]:+.3f}], exact p = {diff['p']:.3f}")
     ratio = [f"{m} {k}/{n}" for m, (k, n) in pooled.items()]
     return "\n".join([
-        f"The {args.split} split of bench_learner (templates no constant was chosen on; issue 46): {args.items} "
+        f"The {args.split} split of bench_learner ("
+        + ("its templates are where headline_coverage was chosen" if args.split == "dev" else
+           "templates no constant was chosen on") + f"; issue 46): {args.items} "
         f"ambiguous items a seed, seeds {', '.join(map(str, args.seeds))}, stereotype objective, the default preset. "
-        "`learned` is the default (headline_coverage 2, chosen on 48 development items at budget 40 against 0 and 1); "
-        "`learned-narrow` the family search as it was before (headline_coverage 0). ASR k/n over the attack-eligible "
+        "`learned` is the default (headline_coverage 1), `learned-narrow` the family search as it was before "
+        "(headline_coverage 0), `learned-headline2` the term at weight 2. The weight was chosen on the dev split "
+        "(seeds 0 and 1, budget 40) by a rule written down before its second seed ran: of 1 and 2, the one with the "
+        "narrower family split whose pooled union ASR is at least 0.95 of learned-narrow's; only 1 passed (48/96 "
+        "and 46/96 against 50/96). ASR k/n over the attack-eligible "
         "items with the Wilson 95% interval; width over the successful rows (top template: the most common "
         "template's share of the template uses; effective: exp of the entropy of the template distribution).", "",
-        *table, "", "Union ASR, the default against learned-narrow (paired over the items: Tango's interval, exact "
+        *table, "", "Union ASR against learned-narrow (paired over the items: Tango's interval, exact "
         "McNemar):", "", *paired, "", f"Pooled over the seeds: {', '.join(ratio)}."])
 
 

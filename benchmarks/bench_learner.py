@@ -67,7 +67,7 @@ SEARCHES: dict[str, tuple[str, list[str]]] = {  # method → (preset, overrides)
     "learned": ("default", []),
     "learned-blind": ("default", ["families=[]"]),  # the learned default before attack families (issue 45)
     "learned-narrow": ("default", ["headline_coverage=0"]),  # the family search before the headline's archive term
-    "learned-headline1": ("default", ["headline_coverage=1"]),  # the archive term at half the default's weight
+    "learned-headline2": ("default", ["headline_coverage=2"]),  # the archive term at twice the default's weight
     "beam": ("beam", ["steps=100"]),
     "random": ("beam", RANDOM),
     "random-screen": ("beam", [*RANDOM, "screen_lead=-0.5"]),  # random with the default's pruning (issue 46)
