@@ -89,6 +89,12 @@ def rows_of(items: list[Item], records: list[dict[str, Any]], budget: int, eligi
     return headline, family
 
 
+def family_rate_text(result: dict[str, Any], family: str) -> str:
+    """A family's ASR over the eligible items that searched it (outcomes' result), as rate_text writes it."""
+    return rate_text(np.array([x for x, ok in zip(result["families"][family], result["eligible"], strict=True)
+                               if ok and x is not None], dtype=bool))
+
+
 def rate_text(flags: np.ndarray) -> str:
     rate = proportion(flags)
     if rate["value"] is None:
@@ -132,11 +138,7 @@ def report(args: argparse.Namespace, items: list[Item], folder: Path, encode: En
             result = outcomes(items, records, budget)
             found[method] = result
             e = result["eligible"]
-            cells = [rate_text(result["union"][e])]
-            for f in FAMILIES:
-                flags = np.array([x for x, ok in zip(result["families"][f], e, strict=True) if ok and x is not None],
-                                 dtype=bool)
-                cells.append(rate_text(flags))
+            cells = [rate_text(result["union"][e]), *(family_rate_text(result, f) for f in FAMILIES)]
             table.append(f"| {method} | {budget} | {searched_at} | " + " | ".join(cells) + " |")
             headline, family = rows_of(items, records, budget, e)
             widths.append(f"| {method} | {budget} | {width_text(diversity(headline, encode))} | "
@@ -195,8 +197,7 @@ def split_seeds_report(args: argparse.Namespace, encode: Encode) -> str:
                 e = result["eligible"]
                 pooled[method][0] += int(result["union"][e].sum())
                 pooled[method][1] += int(e.sum())
-                cells = [rate_text(np.array([x for x, ok in zip(result["families"][f], e, strict=True)
-                                             if ok and x is not None], dtype=bool)) for f in FAMILIES]
+                cells = [family_rate_text(result, f) for f in FAMILIES]
                 headline, family = rows_of(items, records, budget, e)
                 table.append(f"| {seed} | {method} b{budget} | {rate_text(result['union'][e])} | " + " | ".join(cells)
                              + f" | {width_text(diversity(headline, encode))} | "

@@ -26,5 +26,6 @@ SEARCH_METHODS: Registry[Method] = Registry("search method")
 
 
 def readers(setting: str) -> list[str]:
-    """The registered methods that read `setting` (config.READ_BY's answer, from the methods themselves)."""
+    """The registered methods that read `setting`, as their `reads` declare (config.check_method_settings
+    names them)."""
     return [name for name in SEARCH_METHODS if setting in SEARCH_METHODS.get(name).reads]

@@ -168,7 +168,8 @@ def family_search(ctx: SearchContext, state: ItemState) -> SearchMethod:
                     continue
                 family = family_of(candidate)
                 entry = (base + expected_gain(drawn, candidate, parent), len(expected), candidate, family)
-                if parent is best:  # ranked lower the more its templates hold of the category's successes
+                if parent is best and not state.succeeded:  # the headline (read until the first success),
+                    # ranked lower the more its templates hold of the category's successes
                     crowded = archive.share(category, family, templates_of(candidate)) if family else 0.0
                     headline.append((entry[0] - ctx.config.headline_coverage * crowded, *entry[1:]))
                 if key not in expected or entry[0] > expected[key][0]:
