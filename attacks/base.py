@@ -21,15 +21,15 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 
 import numpy as np
 
-from flexsearch.candidate import Candidate
+from flexsearch.data.candidate import Candidate
+from flexsearch.data.render import PromptFormat, render
 from flexsearch.errors import FlexsearchError
 from flexsearch.objectives import Objective
 from flexsearch.registry import Registry
-from flexsearch.render import PromptFormat, render
 
 if TYPE_CHECKING:  # torch comes with these; white-box work imports them where it happens
     from flexsearch.attacks.gradient import PromptGradient
-    from flexsearch.model import TargetModel
+    from flexsearch.scoring.model import TargetModel
 
 Position = tuple[str, int]  # (field, word index)
 GRADIENT_CACHE = 256  # prompts whose gradient is kept (a beam re-expands its parents)

@@ -20,7 +20,7 @@ NEEDS = ("needs a fill-mask model: a local folder, or a hub id that is cached or
 
 def masked_lm_problem(name: str) -> str | None:
     """Why the masked LM cannot be loaded here (not local, not cached, hub unreachable), or None."""
-    from flexsearch.model import check_model_source
+    from flexsearch.scoring.model import check_model_source
 
     try:
         check_model_source(name, None)

@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 
 from flexsearch.attacks.base import CONSTRAINTS, AttackResources, Position, refuse_settings
-from flexsearch.audit import names_option
-from flexsearch.candidate import WORD_FIELDS, Candidate
-from flexsearch.items import Item
+from flexsearch.data.audit import names_option
+from flexsearch.data.candidate import WORD_FIELDS, Candidate
+from flexsearch.data.items import Item
 
 _ARTICLES = {"the", "a", "an", "their", "his", "her", "who", "with", "on", "to", "of", "and"}
 # Word pairs that turn a question into its opposite; WordNet antonyms extend this list.

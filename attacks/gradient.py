@@ -19,14 +19,14 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from flexsearch.candidate import Candidate
+from flexsearch.data.candidate import Candidate
+from flexsearch.data.render import PromptFormat, common_prefix_length, letter_token_ids, render, word_spans
 from flexsearch.objectives import Objective
-from flexsearch.render import PromptFormat, common_prefix_length, letter_token_ids, render, word_spans
 
 if TYPE_CHECKING:  # torch is imported where it runs: commands that load no model must not pay for it
     import torch
 
-    from flexsearch.model import TargetModel
+    from flexsearch.scoring.model import TargetModel
 
 GRADIENT_PASS_QUERIES = 3
 Order = tuple[int, int, int]

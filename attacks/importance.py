@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from flexsearch.attacks.base import Position
-from flexsearch.candidate import Candidate
+from flexsearch.data.candidate import Candidate
 
 
 def leave_one_out_probes(candidate: Candidate, positions: Sequence[Position]) -> list[Candidate]:

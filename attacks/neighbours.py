@@ -13,11 +13,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from flexsearch.errors import FlexsearchError
-from flexsearch.model import cache_root
-from flexsearch.runio import atomic_write_text
+from flexsearch.files import atomic_write_text
+from flexsearch.scoring.model import cache_root
 
 if TYPE_CHECKING:
-    from flexsearch.model import TargetModel
+    from flexsearch.scoring.model import TargetModel
 
 # WordNet 3.0's lexicographer files, in number order. Debian's wordnet-base omits the `lexnames`
 # index that nltk's reader needs, so it is rebuilt from this list.

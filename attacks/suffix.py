@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, ClassVar
 import numpy as np
 
 from flexsearch.attacks.base import OPERATORS, AttackResources, Position, refuse_settings
-from flexsearch.candidate import Candidate
+from flexsearch.data.candidate import Candidate
 from flexsearch.errors import FlexsearchError
 
 if TYPE_CHECKING:  # torch is imported where the suffix is optimised, not when the operator registers

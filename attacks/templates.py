@@ -17,9 +17,9 @@ from typing import Any, ClassVar, cast
 import numpy as np
 
 from flexsearch.attacks.base import OPERATORS, AttackResources, Position, refuse_settings
-from flexsearch.audit import EFFECTS, FORCED_CHOICE, PRESERVING, RULES, text_violations
-from flexsearch.candidate import Candidate
-from flexsearch.items import Item
+from flexsearch.data.audit import EFFECTS, FORCED_CHOICE, PRESERVING, RULES, text_violations
+from flexsearch.data.candidate import Candidate
+from flexsearch.data.items import Item
 
 SLOTS = ("group", "other", "view")  # the only placeholders a template may use
 

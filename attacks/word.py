@@ -9,7 +9,7 @@ import numpy as np
 
 from flexsearch.attacks.base import Position
 from flexsearch.attacks.constraints import sample_positions
-from flexsearch.candidate import Candidate
+from flexsearch.data.candidate import Candidate
 
 
 class WordOperator:

@@ -45,18 +45,18 @@ from flexsearch.attacks import AttackResources
 from flexsearch.attacks.constraints import SentenceSimilarity, editable_positions, protected_positions
 from flexsearch.attacks.templates import INSTRUCTION_FAMILIES, PERSONA_FAMILIES, fill
 from flexsearch.attacks.textbugger import character_bugs, split_word
-from flexsearch.audit import PRESERVING, audit_rows, violations
-from flexsearch.candidate import Candidate, replay
 from flexsearch.config import load_config
+from flexsearch.data.audit import PRESERVING, audit_rows, violations
+from flexsearch.data.candidate import Candidate, replay
+from flexsearch.data.items import Item, load_items
 from flexsearch.engine.loop import build_context, run_search
 from flexsearch.engine.state import ItemOutcome
-from flexsearch.finetune import eval_items_of, template_key
-from flexsearch.items import Item, load_items
-from flexsearch.metrics import forced_choice_metrics, mean_with_interval, proportion, with_interval
-from flexsearch.model import load_target, zoo_adapter
+from flexsearch.files import atomic_write_json, read_json
 from flexsearch.objectives import attack_eligible, get_objective
-from flexsearch.runio import atomic_write_json, read_json
-from flexsearch.scoring import Scorer
+from flexsearch.results.metrics import forced_choice_metrics, mean_with_interval, proportion, with_interval
+from flexsearch.scoring.model import load_target, zoo_adapter
+from flexsearch.scoring.scorer import Scorer
+from flexsearch.zoo.finetune import eval_items_of, template_key
 
 SEARCHES: dict[str, tuple[str, list[str]]] = {  # method → (preset, overrides); steps high so the budget binds
     "default": ("default", ["steps=100"]),
@@ -302,7 +302,7 @@ def meaning_checks(results: list[MethodResult], scorer: Scorer, seed: int) -> li
     out = ["", f"Meaning checks on {len(emitted)} emitted natural prompts with an edit: similarity to the clean "
                f"context+question below the floor {encoder.threshold}: {int((similarity < encoder.threshold).sum())}"
                f" (lowest {similarity.min():.3f}); word edits touching a protected span: {protected} of "
-               f"{len(edits)}; label-validity audit (flexsearch/audit.py): {audit['flagged']} break a rule "
+               f"{len(edits)}; label-validity audit (flexsearch/data/audit.py): {audit['flagged']} break a rule "
                f"({rules}).", "", f"Ten prompts of {source}, drawn at random (seeded), each with the audit's verdict:",
            ""]
     for candidate in shown:

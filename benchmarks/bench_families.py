@@ -7,6 +7,8 @@
     python -m benchmarks.bench_families --items 120 --budgets 25 40                      # the RESULTS section
     python -m benchmarks.bench_learner --split test --items 48 --seed 1 --search learned-narrow --budget 40
     python -m benchmarks.bench_families --split test --items 48 --seeds 0 1 2 --budgets 40  # the test split's section
+    python -m benchmarks.bench_learner --split test --items 48 --seed 0 --search random-persona --budget 40  # ...
+    python -m benchmarks.bench_families --split test --items 48 --seeds 0 --budgets 25 40 100 --by-budget
 
 Per method and budget: the headline (union) ASR over the attack-eligible items with its Wilson interval, the ASR of
 each family's hardest prompt, and the width of the headline split and of the family split (diversity.py: the most
@@ -31,14 +33,14 @@ import numpy as np
 from benchmarks.bench_attack import held_out_ambiguous
 from benchmarks.bench_learner import SAVED, SPLITS, benchmark_items, run_file, run_folder
 from benchmarks.common import BBQ, record
-from flexsearch.differences import rate_difference
-from flexsearch.diversity import Encode, diversity, minilm_encoder
-from flexsearch.families import FAMILIES, family_record
-from flexsearch.items import Item
-from flexsearch.metrics import proportion
+from flexsearch.data.items import Item
+from flexsearch.engine.families import FAMILIES, family_record
+from flexsearch.files import read_json
 from flexsearch.objectives import attack_eligible, get_objective
-from flexsearch.runio import read_json
-from flexsearch.split import split_row
+from flexsearch.results.differences import rate_difference
+from flexsearch.results.diversity import Encode, diversity, minilm_encoder
+from flexsearch.results.metrics import proportion
+from flexsearch.results.split import split_row
 
 METHODS = ("learned", "learned-blind", "random", "random-persona", "random-instruction", "random-text")
 BASELINE = {"persona": "random-persona", "instruction": "random-instruction", "text": "random-text",
@@ -112,25 +114,20 @@ def width_text(measures: dict[str, Any]) -> str:
             f"{'-' if cosine is None else f'{cosine:.2f}'}")
 
 
-def report(args: argparse.Namespace, items: list[Item], folder: Path, encode: Encode) -> str:
-    lines = [f"{len(items)} held-out ambiguous items of `{args.model}` (bench_learner's, seed {args.seed}), stereotype "
-             "objective, the default preset's operators (persona, instruction, TextBugger). ASR: k/n over the "
-             "attack-eligible items with the Wilson 95% interval; a family's ASR counts the eligible items whose "
-             "search scored a label-valid prompt of that family. The family search's settings (family_share 0.2, "
-             f"coverage 0.5) were chosen after trying family_slots 1 on items 1-{args.chosen_on} of these; the rows "
-             f"'items {args.chosen_on + 1}-{len(items)}' leave those out. The archive by template and the widening "
-             "rule (a family whose success repeats the archive stays open for rarer templates) have no constant; "
-             "they were checked first on 40 development items from the 4 held-out templates these 120 do not use.",
-             ""]
+def budget_tables(items: list[Item], folder: Path, budgets: list[int], methods: tuple[str, ...], against: str,
+                  chosen_on: int, encode: Encode) -> list[str]:
+    """Per budget and method: union and per-family ASR, the width of both splits, the default against `against`
+    (paired over all items, and over the items after `chosen_on` when that is not 0), and each family of the default
+    against random search restricted to it."""
     header = ["method", "budget", "searched at", "union ASR", *(f"{f} ASR" for f in FAMILIES)]
     table = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     widths = ["| method | budget | headline split | family split |", "|---|---|---|---|"]
     paired: list[str] = []
     per_family: list[str] = []
-    for budget in args.budgets:
+    for budget in budgets:
         found: dict[str, dict[str, Any]] = {}
-        for method in METHODS:
-            run = saved_run(folder, method, budget, args.budgets)
+        for method in methods:
+            run = saved_run(folder, method, budget, budgets)
             if run is None:
                 continue
             saved, searched_at = run
@@ -150,26 +147,72 @@ def report(args: argparse.Namespace, items: list[Item], folder: Path, encode: En
                 if diff["value"] is not None:
                     per_family.append(f"- budget {budget}, {family}: family search − {baseline} {diff['value']:+.3f} "
                                       f"[{diff['ci'][0]:+.3f}, {diff['ci'][1]:+.3f}], exact p = {diff['p']:.3f}")
-        if "learned" in found and "learned-blind" in found:
-            new, old = found["learned"], found["learned-blind"]
-            for label, keep in ((f"items 1-{len(items)}", np.ones(len(items), dtype=bool)),
-                                (f"items {args.chosen_on + 1}-{len(items)}", np.arange(len(items)) >= args.chosen_on)):
+        if "learned" in found and against in found:
+            new, old = found["learned"], found[against]
+            ranges = [(f"items 1-{len(items)}", np.ones(len(items), dtype=bool))]
+            if chosen_on:
+                ranges.append((f"items {chosen_on + 1}-{len(items)}", np.arange(len(items)) >= chosen_on))
+            for label, keep in ranges:
                 diff = rate_difference(new["union"] & keep, new["eligible"] & keep, old["union"] & keep,
                                        old["eligible"] & keep)
                 ok_new, ok_old = new["eligible"] & keep, old["eligible"] & keep
                 ratio = (new["union"] & ok_new).sum() / max(1, (old["union"] & ok_old).sum())
-                paired.append(f"- budget {budget}, {label}: family search {rate_text(new['union'][ok_new])}, "
-                              f"family-blind {rate_text(old['union'][ok_old])}: ratio {ratio:.2f}, difference "
+                paired.append(f"- budget {budget}, {label}: learned {rate_text(new['union'][ok_new])}, {against} "
+                              f"{rate_text(old['union'][ok_old])}: ratio {ratio:.2f}, difference "
                               f"{diff['value']:+.3f} [{diff['ci'][0]:+.3f}, {diff['ci'][1]:+.3f}], exact p = "
                               f"{diff['p']:.3f}")
-    lines += ["### ASR per family", "", *table, "", "### Width (successful rows)", "",
-              "top template: the most common template's share of the template uses; top composition: the most common "
-              "set of templates' share of the rows; effective: exp of the entropy of the template distribution; "
-              "cosine: mean pairwise MiniLM cosine of the added attack texts.", "", *widths, "",
-              "### Union ASR: the family search against the family-blind learned default (paired)", "", *paired, "",
-              "### Each family: the family search against random search restricted to it (paired on the items both "
-              "searched the family on)", "", *per_family]
-    return "\n".join(lines)
+    return ["### ASR per family", "", *table, "", "### Width (successful rows)", "",
+            "top template: the most common template's share of the template uses; top composition: the most common "
+            "set of templates' share of the rows; effective: exp of the entropy of the template distribution; "
+            "cosine: mean pairwise MiniLM cosine of the added attack texts.", "", *widths, "",
+            f"### Union ASR: the default against {against} (paired: Tango's interval, exact McNemar)", "", *paired, "",
+            "### Each family: the default against random search restricted to it (paired on the items both "
+            "searched the family on)", "", *per_family]
+
+
+def report(args: argparse.Namespace, items: list[Item], folder: Path, encode: Encode) -> str:
+    lines = [f"{len(items)} held-out ambiguous items of `{args.model}` (bench_learner's, seed {args.seed}), stereotype "
+             "objective, the default preset's operators (persona, instruction, TextBugger). ASR: k/n over the "
+             "attack-eligible items with the Wilson 95% interval; a family's ASR counts the eligible items whose "
+             "search scored a label-valid prompt of that family. The family search's settings (family_share 0.2, "
+             f"coverage 0.5) were chosen after trying family_slots 1 on items 1-{args.chosen_on} of these; the rows "
+             f"'items {args.chosen_on + 1}-{len(items)}' leave those out. The archive by template and the widening "
+             "rule (a family whose success repeats the archive stays open for rarer templates) have no constant; "
+             "they were checked first on 40 development items from the 4 held-out templates these 120 do not use.",
+             ""]
+    return "\n".join(lines + budget_tables(items, folder, args.budgets, METHODS, "learned-blind", args.chosen_on,
+                                           encode))
+
+
+# the default against the family search before the headline's archive term, random, and random in one family
+BUDGET_METHODS = ("learned", "learned-narrow", "random", "random-persona", "random-instruction", "random-text")
+
+
+def split_budgets_report(args: argparse.Namespace, encode: Encode) -> str:
+    """One seed of a dev/test split at several budgets: the goals' table of issue 45 (union and per-family ASR,
+    width, strength against learned-narrow, each family against random restricted to it)."""
+    seed = args.seeds[0]
+    items = benchmark_items(args.model, args.bbq, args.split, args.items, seed)
+    folder = run_folder(args.saved, args.model, args.split, len(items), seed)
+    intro = (f"The {args.split} split of bench_learner (templates no constant was chosen on; issue 46), {len(items)} "
+             f"ambiguous items, seed {seed}, stereotype objective, the default preset. `learned` is the default "
+             "(headline_coverage 1), `learned-narrow` the family search before the headline's archive term "
+             "(headline_coverage 0), `random` random search over every operator, `random-persona`, "
+             "`random-instruction` and `random-text` random search restricted to one family (each family's "
+             "baseline; plain random's composition family is the composition baseline). Random search's outcome "
+             "per item does not depend on the budget, so a run searched at a larger budget is read at a smaller one "
+             "(first success within it); a learned search is read only at the budget it ran at. ASR: k/n over the "
+             "attack-eligible items with the Wilson 95% interval; a family's ASR counts the eligible items whose "
+             "search scored a label-valid prompt of that family. Reference target `gemma3-bbq`: it reads whether a "
+             "context is ambiguous but not which person the evidence names (disambiguated accuracy 0.48).")
+    timings = [f"{saved['method']} b{saved['budget']} {saved['seconds']:.0f} s"
+               for saved in (read_json(path) for path in sorted(folder.glob("*-stereotype-b*.json")))
+               if saved["method"] in BUDGET_METHODS and saved["budget"] in args.budgets]
+    searches = ("Each search is `python -m benchmarks.bench_learner --split test --items 48 --seed 0 --search METHOD "
+                "--budget B`; wall time per search (one CPU thread each, two searches at a time beside other work on "
+                "the 2 cores): " + ", ".join(timings) + ".")
+    return "\n".join([intro, "", searches, "", *budget_tables(items, folder, args.budgets, BUDGET_METHODS,
+                                                             "learned-narrow", 0, encode)])
 
 
 # the default, the family search before the headline's archive term, and that term at twice the default's weight
@@ -236,7 +279,13 @@ def main() -> None:
     parser.add_argument("--saved", type=Path, default=SAVED)
     parser.add_argument("--split", choices=SPLITS, default="all", help="dev or test: the split's report over --seeds")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
+    parser.add_argument("--by-budget", action="store_true", help="with --split: the first seed at every --budgets, "
+                        "with random search restricted to each family")
     args = parser.parse_args()
+    if args.split != "all" and args.by_budget:
+        record(f"Attack families on the {args.split} split by budget (issue 45)", split_budgets_report(args,
+                                                                                                    minilm_encoder()))
+        return
     if args.split != "all":
         record(f"Attack families on the {args.split} split over seeds (issue 45)",
                split_seeds_report(args, minilm_encoder()))

@@ -29,14 +29,14 @@ from benchmarks.common import BBQ, markdown_table, record
 from flexsearch.attacks.constraints import editable_positions
 from flexsearch.attacks.gradient import prompt_gradient, substitution_gains
 from flexsearch.attacks.textbugger import BUGS
-from flexsearch.candidate import Candidate
 from flexsearch.config import load_config
+from flexsearch.data.candidate import Candidate
+from flexsearch.data.render import cyclic_orders
 from flexsearch.engine.loop import build_context
 from flexsearch.engine.state import ItemState, item_rng, propose_all
-from flexsearch.metrics import mean_with_interval, proportion
-from flexsearch.model import load_target
-from flexsearch.render import cyclic_orders
-from flexsearch.scoring import Scorer
+from flexsearch.results.metrics import mean_with_interval, proportion
+from flexsearch.scoring.model import load_target
+from flexsearch.scoring.scorer import Scorer
 
 VARIANTS = {"displayed order": False, "three orders": True}
 

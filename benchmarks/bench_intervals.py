@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.common import record
-from flexsearch.differences import mover_interval, overlap_interval, tango_interval
+from flexsearch.results.differences import mover_interval, overlap_interval, tango_interval
 
 CORRELATIONS = (0.0, 0.5)
 OVERLAP_CORRELATIONS = (-0.5, 0.0, 0.5, 0.9)  # the shared items' correlation, where the MOVER path takes it in

@@ -35,16 +35,11 @@ from tqdm.auto import tqdm
 
 from benchmarks.bench_attack import held_out_ambiguous, held_out_pool
 from benchmarks.common import BBQ, ROOT, record
-from flexsearch.audit import audit_rows, violations
-from flexsearch.candidate import Candidate, replay
 from flexsearch.config import load_config
-from flexsearch.differences import clustered_difference, rate_difference
-from flexsearch.engine.loop import build_context, run_search
-from flexsearch.engine.methods.learned import composed
-from flexsearch.engine.state import item_rng
-from flexsearch.finetune import template_key
-from flexsearch.items import Item
-from flexsearch.learner import (
+from flexsearch.data.audit import audit_rows, violations
+from flexsearch.data.candidate import Candidate, replay
+from flexsearch.data.items import Item
+from flexsearch.engine.learner import (
     PRIOR_SD,
     PRIOR_SD_WEIGHT,
     Learner,
@@ -53,14 +48,19 @@ from flexsearch.learner import (
     composition_of,
     composition_parts,
     rebuilt,
-    weak_spots,
 )
-from flexsearch.metrics import proportion
-from flexsearch.model import load_target
+from flexsearch.engine.loop import build_context, run_search
+from flexsearch.engine.methods.learned import composed
+from flexsearch.engine.state import item_rng
+from flexsearch.files import atomic_write_json, read_json
 from flexsearch.objectives import attack_eligible, get_objective
-from flexsearch.runio import atomic_write_json, read_json
-from flexsearch.scoring import Scorer
-from flexsearch.split import split_row
+from flexsearch.results.differences import clustered_difference, rate_difference
+from flexsearch.results.metrics import proportion
+from flexsearch.results.split import split_row
+from flexsearch.results.weak_spots import weak_spots
+from flexsearch.scoring.model import load_target
+from flexsearch.scoring.scorer import Scorer
+from flexsearch.zoo.finetune import template_key
 
 RANDOM = ["method=random", "steps=100"]
 SEARCHES: dict[str, tuple[str, list[str]]] = {  # method → (preset, overrides)

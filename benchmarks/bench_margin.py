@@ -17,11 +17,11 @@ import numpy as np
 
 from benchmarks.common import BBQ, markdown_table, record, timed
 from flexsearch.attacks.templates import INSTRUCTION_FAMILIES, PERSONA_FAMILIES, fill
-from flexsearch.audit import PRESERVING
-from flexsearch.candidate import Candidate
-from flexsearch.items import load_items
+from flexsearch.data.audit import PRESERVING
+from flexsearch.data.candidate import Candidate
+from flexsearch.data.items import load_items
 from flexsearch.objectives import SUCCESS_MARGIN, get_objective
-from flexsearch.scoring import build_scorer
+from flexsearch.scoring.scorer import build_scorer
 
 CATEGORIES = ("Age", "Disability_status", "Nationality", "Physical_appearance", "Religion", "Sexual_orientation")
 

@@ -16,10 +16,10 @@ import numpy as np
 from benchmarks.common import bbq_items, markdown_table, record, timed
 from flexsearch.attacks import OPERATORS, AttackResources, build
 from flexsearch.attacks.templates import INSTRUCTION_FAMILIES, PERSONA_FAMILIES, fill
-from flexsearch.candidate import Candidate
-from flexsearch.model import TargetModel, load_target
-from flexsearch.render import PromptFormat, render
-from flexsearch.scoring import Scorer
+from flexsearch.data.candidate import Candidate
+from flexsearch.data.render import PromptFormat, render
+from flexsearch.scoring.model import TargetModel, load_target
+from flexsearch.scoring.scorer import Scorer
 
 
 def workload(n_items: int, edits: int, seed: int = 0) -> list[Candidate]:

@@ -19,8 +19,8 @@ import torch
 from benchmarks.common import ROOT, bbq_items, markdown_table, record, roots, timed
 from flexsearch.config import load_config
 from flexsearch.engine.loop import build_context, run_search
-from flexsearch.model import load_target
-from flexsearch.scoring import Scorer
+from flexsearch.scoring.model import load_target
+from flexsearch.scoring.scorer import Scorer
 
 BATCH_SIZES = (1, 4, 16, 32)
 

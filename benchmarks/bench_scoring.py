@@ -18,9 +18,10 @@ import numpy as np
 import torch
 
 from benchmarks.common import bbq_items, markdown_table, matmul_flops, record, roots, timed
-from flexsearch.model import TargetModel, load_target
-from flexsearch.render import LETTERS, PromptFormat, render
-from flexsearch.scoring import Scorer, left_padded
+from flexsearch.data.render import LETTERS, PromptFormat, render
+from flexsearch.scoring.backends.in_process import left_padded
+from flexsearch.scoring.model import TargetModel, load_target
+from flexsearch.scoring.scorer import Scorer
 
 CONTINUATIONS = [f" ({letter})" for letter in LETTERS]
 PLAIN_PREFIX = "Answer:"  # the peers read what follows "Answer:"; flexsearch scores after "Answer: ("

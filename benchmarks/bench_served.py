@@ -33,10 +33,10 @@ from benchmarks.common import record, roots, timed
 from benchmarks.llama_server import ALIAS, LlamaCppServer, LlamaServer, embedded_gguf
 from flexsearch import api
 from flexsearch.config import load_config
-from flexsearch.items import load_items
-from flexsearch.model import load_target
-from flexsearch.scoring import Scorer, build_scorer
-from flexsearch.served import prefix_order
+from flexsearch.data.items import load_items
+from flexsearch.scoring.backends.served import prefix_order
+from flexsearch.scoring.model import load_target
+from flexsearch.scoring.scorer import Scorer, build_scorer
 
 
 def served_target(base_url: str, concurrency: int = 4) -> api.Target:

@@ -5,7 +5,7 @@
 Searches the items twice with the default preset in chat mode, once per slot (`--slot user`, `--slot system`),
 with the counter-stereotype control, into runs/bench_slot/<slot>. The clean prompt has no system message in
 either slot, so both runs score the same clean prompts and the same items are attack-eligible: the difference
-system − user is paired (Tango's interval and an exact McNemar p-value, flexsearch.differences).
+system − user is paired (Tango's interval and an exact McNemar p-value, flexsearch.results.differences).
 """
 
 from __future__ import annotations
@@ -18,12 +18,14 @@ import numpy as np
 
 from benchmarks.common import ROOT, record
 from flexsearch import api
-from flexsearch.differences import rate_difference
-from flexsearch.items import Item, load_items
-from flexsearch.metrics import aim_index, mean_with_interval, metric_text, proportion
+from flexsearch.data.items import Item, load_items
+from flexsearch.data.render import SLOTS
+from flexsearch.files import atomic_write_json, read_json
 from flexsearch.objectives import attack_eligible, get_objective
-from flexsearch.render import SLOTS
-from flexsearch.runio import TRACE, atomic_write_json, read_json, read_trace
+from flexsearch.results.differences import rate_difference
+from flexsearch.results.metrics import aim_index, mean_with_interval, metric_text, proportion
+from flexsearch.results.run_dir import read_trace
+from flexsearch.results.run_files import TRACE
 
 
 def outcomes(run: Path, objective: str, items: dict[str, Item]) -> tuple[np.ndarray, np.ndarray, list[str], np.ndarray]:

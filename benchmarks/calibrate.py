@@ -26,11 +26,11 @@ import numpy as np
 from benchmarks.common import BBQ, markdown_table, record
 from flexsearch import api
 from flexsearch.config import load_config
-from flexsearch.finetune import eval_items_of, read_recipe
-from flexsearch.items import Item, load_items
-from flexsearch.metrics import metric_text
-from flexsearch.model import ZOO_ALIASES, zoo_adapter
-from flexsearch.runio import atomic_write_text
+from flexsearch.data.items import Item, load_items
+from flexsearch.files import atomic_write_text
+from flexsearch.results.metrics import metric_text
+from flexsearch.scoring.model import ZOO_ALIASES, zoo_adapter
+from flexsearch.zoo.finetune import eval_items_of, read_recipe
 
 PLANTED = "gemma3-bbq-planted"  # the one model whose verdict is checked category by category
 EXPECTED: dict[str, str | None] = {

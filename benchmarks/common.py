@@ -15,9 +15,9 @@ from typing import Any
 
 import torch
 
-from flexsearch.candidate import Candidate
-from flexsearch.items import Item, load_items
-from flexsearch.runio import atomic_write_text
+from flexsearch.data.candidate import Candidate
+from flexsearch.data.items import Item, load_items
+from flexsearch.files import atomic_write_text
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "RESULTS.md"

@@ -16,7 +16,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from benchmarks import bench_prefix, bench_scoring
 from benchmarks.common import bbq_items
-from flexsearch.model import TargetModel
+from flexsearch.scoring.model import TargetModel
 
 SHAPES = {  # hidden, layers, heads, kv heads, intermediate
     "tiny": (64, 2, 4, 2, 128),  # a CPU smoke test of this script

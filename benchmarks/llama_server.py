@@ -15,7 +15,7 @@ from pathlib import Path
 
 import httpx
 
-from flexsearch.model import resolve_gguf
+from flexsearch.scoring.model import resolve_gguf
 
 ALIAS = "smollm2"  # the served model's name, as /v1/models lists it
 # the server's (verbose) log line for a prompt whose start was still in its key/value cache

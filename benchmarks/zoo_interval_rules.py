@@ -20,11 +20,12 @@ from typing import Any
 import numpy as np
 
 from benchmarks.common import markdown_table, record
-from flexsearch.differences import rate_difference
-from flexsearch.items import Item, load_items
-from flexsearch.metrics import with_interval
+from flexsearch.data.items import Item, load_items
+from flexsearch.files import read_json
 from flexsearch.objectives import attack_eligible, get_objective
-from flexsearch.runio import read_json, read_trace
+from flexsearch.results.differences import rate_difference
+from flexsearch.results.metrics import with_interval
+from flexsearch.results.run_dir import read_trace
 
 MODELS = ["gemma3-bbq", "gemma3-bbq-fair", "gemma3-bbq-planted", "gemma3-bbq-manipulable"]
 

@@ -15,7 +15,7 @@ import typer.core
 from typer._click import exceptions as click_errors  # typer 0.29 vendors click
 
 from flexsearch.errors import LARGEST, FlexsearchError, Interrupted, ServerUnavailable, os_error_line
-from flexsearch.served_defaults import SERVED_DEFAULTS
+from flexsearch.scoring.backends.served_options import SERVED_OPTIONS, SERVED_PANEL
 
 
 class OneLineErrors(typer.core.TyperGroup):
@@ -88,24 +88,6 @@ _SLOT_HELP = ("Chat prompts: the attack's persona and instruction open the user 
             "message (system)")
 OrdersOpt = Annotated[bool, _option("Scoring", "Average over the three cyclic option orders.")]
 BatchOpt = Annotated[int, _option("Scoring", "Prompts per forward pass (halved on out-of-memory).", min=1)]
-_SERVED = "Served model (--model openai:NAME; key from FLEXSEARCH_API_KEY or OPENAI_API_KEY)"
-BaseUrlOpt = Annotated[str | None, _option(_SERVED, "The server's OpenAI-compatible /v1 root, e.g. "
-                                                    "http://127.0.0.1:8000/v1 (vLLM, llama.cpp, TGI...).")]
-ServedModeOpt = Annotated[str | None, _option(_SERVED, "auto (default: probe the server, take the layout's "
-                                                       "logprob mode, else sample), logprobs (/completions top-k), "
-                                                       "chat-logprobs (/chat/completions top-k) or sample (n "
-                                                       "answers parsed).")]
-TopLogprobsOpt = Annotated[int, _option(_SERVED, "Top-k logprobs asked for (at least 5 recommended; the "
-                                                 "server's maximum if smaller).", min=1)]
-SamplesOpt = Annotated[int, _option(_SERVED, "Answers sampled per prompt in sample mode (each counts "
-                                             "against the budget).", min=1)]
-TemperatureOpt = Annotated[float, _option(_SERVED, "Sampling temperature in sample mode.", min=0, max=2)]
-ConcurrencyOpt = Annotated[int, _option(_SERVED, "Requests in flight at once.", min=1)]
-TimeoutOpt = Annotated[float, _option(_SERVED, "Seconds one request may take before it is retried.", min=0.1)]
-RetriesOpt = Annotated[int, _option(_SERVED, "Retries of a request (429, 5xx, connection errors, timeouts) "
-                                             "with exponential backoff and jitter.", min=0)]
-CacheOpt = Annotated[bool, _option(_SERVED, "Keep replies in the on-disk request cache (a resumed or "
-                                            "repeated run never pays twice).")]
 JsonOpt = Annotated[bool, typer.Option("--json", rich_help_panel="Output",
                                        help="Print the score as JSON instead of the table.")]
 
@@ -116,10 +98,10 @@ def _target_parameters(trust_remote_code: bool) -> list[inspect.Parameter]:
                                            ("device", DeviceOpt, None), ("dtype", DtypeOpt, None)]
     if trust_remote_code:
         options.append(("trust_remote_code", TrustOpt, False))
-    served = {"base_url": BaseUrlOpt, "served_mode": ServedModeOpt, "top_logprobs": TopLogprobsOpt,
-              "samples": SamplesOpt, "temperature": TemperatureOpt, "concurrency": ConcurrencyOpt,
-              "request_timeout": TimeoutOpt, "retries": RetriesOpt, "request_cache": CacheOpt}
-    options += [(name, served[name], default) for name, default in SERVED_DEFAULTS.items()]
+    for option in SERVED_OPTIONS:  # declared once, beside the served backend
+        bounds = {key: value for key, value in (("min", option.least), ("max", option.most)) if value is not None}
+        options.append((option.name, Annotated[option.annotation, _option(SERVED_PANEL, option.help, **bounds)],
+                        option.default))
     return [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
             for name, annotation, default in options]
 
@@ -304,7 +286,7 @@ def audit(
     import json
 
     from flexsearch import api
-    from flexsearch.audit import format_audit
+    from flexsearch.data.audit import format_audit
 
     with user_errors():
         result = api.audit(run)
@@ -322,7 +304,7 @@ def report(
         "runs/report.html"),
 ) -> None:
     """Write a self-contained HTML report (inline figures) and its Markdown twin."""
-    from flexsearch.report import write_report
+    from flexsearch.results.report import write_report
 
     with user_errors():
         markdown = write_report(runs, out)
@@ -365,18 +347,18 @@ def finetune(
     device: DeviceOpt = None,
 ) -> None:
     """Train a LoRA adapter under a label policy on a template-disjoint split (the calibration zoo)."""
-    from flexsearch.finetune import (
+    from flexsearch.data.items import load_training_data
+    from flexsearch.results.run_dir import check_output_folder
+    from flexsearch.scoring.backends.served_options import is_served
+    from flexsearch.scoring.model import load_target
+    from flexsearch.zoo.finetune import (
         ADAPTER_FILES,
         RECIPE_FILE,
         FinetuneConfig,
         template_split,
         train_adapter,
     )
-    from flexsearch.items import load_training_data
-    from flexsearch.model import load_target
-    from flexsearch.policies import build_policy
-    from flexsearch.runio import check_output_folder
-    from flexsearch.served import is_served
+    from flexsearch.zoo.policies import build_policy
 
     with user_errors():
         if is_served(model):
@@ -430,9 +412,9 @@ def tune(
     """Optuna study over search configurations: best config YAML, trials CSV, importances, held-out check."""
     from flexsearch import api
     from flexsearch.config import load_config
-    from flexsearch.items import load_items
-    from flexsearch.runio import RunDirectory
-    from flexsearch.tune import format_tune_table, load_space, run_study
+    from flexsearch.data.items import load_items
+    from flexsearch.pipeline.tune import format_tune_table, load_space, run_study
+    from flexsearch.results.run_dir import RunDirectory
 
     with user_errors():
         loaded_space = load_space(space)
@@ -461,14 +443,14 @@ def export(
     name: Annotated[str | None, typer.Option(help="Task name (default: flexsearch_<run folder name>).")] = None,
 ) -> None:
     """Export a search run's split for lm-evaluation-harness or as parquet, with a dataset card."""
-    from flexsearch.export import export_run
+    from flexsearch.results.export import export_run
 
     with user_errors():
         files = export_run(run, to, out, name)
     say(f"wrote {out}: {', '.join(p.name for p in files)}")
     if to == "lm-eval":
-        from flexsearch.export import MARKER, lm_eval_command
-        from flexsearch.runio import read_json
+        from flexsearch.files import read_json
+        from flexsearch.results.export import MARKER, lm_eval_command
 
         about = read_json(out / MARKER)
         say("reproduce flexsearch's accuracy (order-averaged, then single order) with:\n  "

@@ -7,6 +7,7 @@ import difflib
 import inspect
 import math
 import typing
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -14,11 +15,13 @@ from typing import Any
 
 import yaml
 
+from flexsearch.data.candidate import Candidate
+from flexsearch.data.items import Item
+from flexsearch.data.render import MODES, SLOTS, SYSTEM_NEEDS_CHAT
+from flexsearch.engine.families import FAMILIES
 from flexsearch.errors import LARGEST, FlexsearchError, InputError
-from flexsearch.families import FAMILIES
+from flexsearch.files import read_text
 from flexsearch.objectives import SUCCESS_MARGIN
-from flexsearch.render import MODES, SLOTS, SYSTEM_NEEDS_CHAT
-from flexsearch.textfile import read_text
 
 PROPOSALS = ("sampled", "gradient")
 
@@ -89,8 +92,6 @@ class SearchConfig:
                                   f"({self.method} chooses its proposals its own way)")
         if self.gradient_top < 1:
             raise FlexsearchError(f"gradient_top must be at least 1, got {self.gradient_top}")
-        if self.budget < 2:
-            raise FlexsearchError("budget must allow the clean prompt and at least one attack (>= 2)")
 
 
 def packaged_yaml(name_or_path: str, folder: str = "", kind: str = "config preset") -> Path:
@@ -199,7 +200,7 @@ class Origins:
 
 
 _RANGES: dict[str, tuple[float, str]] = {  # setting → (least value, why)
-    "budget": (2, "the clean prompt and at least one attack"), "seed": (0, "a seed"),
+    "seed": (0, "a seed"),  # budget: check_budget, the one budget rule
     "item_batch": (1, "items per batch"), "learner_round": (1, "items per learner round"),
     "steps": (1, "iterations"), "beam_width": (1, "beams"),
     "population": (1, "members"), "gradient_top": (1, "word edits scored per expansion"),
@@ -341,6 +342,38 @@ def prompts_per_candidate(average_orders: bool) -> int:
     return 3 if average_orders else 1
 
 
+def least_budget(config: SearchConfig, per_prompt: int = 1, items: Sequence[Item] = ()) -> tuple[int, str]:
+    """The least budget that reaches one attack on every item, and why (DESIGN.md "Budget unit"): the clean prompt
+    and one candidate, each one query per option order scored (times the samples of a served sample mode,
+    `per_prompt`); a greedy search with leave-one-out importance and word operators alone first scores one probe
+    per editable word, so the item with the fewest sets its floor (known once the data is, `items`)."""
+    from flexsearch.attacks import OPERATORS
+    from flexsearch.attacks.constraints import editable_positions
+
+    cost = prompts_per_candidate(config.scoring.average_orders) * per_prompt
+    samples = ", times the samples each prompt is scored" if per_prompt > 1 else ""
+    queries = f"{cost} quer{'y' if cost == 1 else 'ies'}"
+    least, why = 2 * cost, (f"each candidate costs {queries} (one per option order scored{samples}), so the clean "
+                            f"prompt alone takes {queries}")
+    word_only = all(OPERATORS.get(spec["name"]).edits_words for spec in config.operators)
+    if config.method == "greedy" and config.importance == "leave_one_out" and word_only and items:
+        fewest = min(len(editable_positions(Candidate.root(it))) for it in items)
+        if cost * (fewest + 2) > least:  # the clean prompt, the probes, one edit
+            least, why = cost * (fewest + 2), (f"greedy word importance first scores one probe per editable word "
+                                               f"({fewest} or more per item, {cost} queries each)")
+    return least, why
+
+
+def check_budget(config: SearchConfig, origins: Origins | None = None, per_prompt: int = 1,
+                 items: Sequence[Item] = ()) -> None:
+    """The one budget check: when the config is built (`origins` names the line that set it) and again once the
+    data and the target's cost per prompt are known."""
+    least, why = least_budget(config, per_prompt, items)
+    if config.budget < least:
+        message = f"{config.budget} cannot reach any operator: {why}; give at least {least}"
+        raise origins.error("budget", message) if origins else FlexsearchError(f"--budget {message}")
+
+
 def _build(cls: type, data: dict[str, Any], origins: Origins) -> Any:
     check_settings(cls, data, origins)
     check_specs(data, origins)
@@ -350,11 +383,7 @@ def _build(cls: type, data: dict[str, Any], origins: Origins) -> Any:
     config = cls(**values)
     if config.scoring.slot == "system" and config.scoring.mode != "chat":
         raise origins.error("scoring.slot", SYSTEM_NEEDS_CHAT)
-    cost = prompts_per_candidate(config.scoring.average_orders)
-    if config.budget < 2 * cost:
-        raise origins.error("budget", f"{config.budget} cannot reach any operator: each candidate costs {cost} "
-                                      f"queries (one per option order averaged), so the clean prompt alone takes "
-                                      f"{cost}; give at least {2 * cost}")
+    check_budget(config, origins)
     return config
 
 

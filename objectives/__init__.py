@@ -14,7 +14,7 @@ from typing import ClassVar, Protocol
 
 import numpy as np
 
-from flexsearch.items import Item
+from flexsearch.data.items import Item
 from flexsearch.registry import Registry
 
 _FLOOR = 1e-12  # keeps log() finite when a probability underflows

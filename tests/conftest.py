@@ -18,28 +18,28 @@ import torch  # noqa: E402
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # noqa: E402
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast  # noqa: E402
 
-from flexsearch.items import Item, load_items  # noqa: E402
-from flexsearch.model import TargetModel, load_target  # noqa: E402
-from flexsearch.scoring import Scorer  # noqa: E402
+from flexsearch.data.items import Item, load_items  # noqa: E402
+from flexsearch.scoring.model import TargetModel, load_target  # noqa: E402
+from flexsearch.scoring.scorer import Scorer  # noqa: E402
 
 # The CLI in a process that sends a signal right after a named step of the run pipeline (a function of
 # flexsearch.api) returns for the n-th time: to itself (kill -9, Ctrl-C) or to another process group (a server).
 # Kill and interrupt tests signal at that deterministic point, where polling the trace from outside raced the search.
 SIGNAL_AFTER = """
 import os, signal, sys
-import flexsearch.api as api
+import flexsearch.pipeline.search as pipeline
 from flexsearch.cli import app
 step, at, sig, group = sys.argv[1], int(sys.argv[2]), getattr(signal, sys.argv[3]), int(sys.argv[4])
 del sys.argv[1:5]
 signal.signal(signal.SIGINT, signal.default_int_handler)  # a background job inherits Ctrl-C ignored
-original, calls = getattr(api, step), []
+original, calls = getattr(pipeline, step), []
 def then_signal(*args, **kwargs):
     result = original(*args, **kwargs)
     calls.append(None)
     if len(calls) == at:
         os.killpg(group, sig) if group else os.kill(os.getpid(), sig)
     return result
-setattr(api, step, then_signal)
+setattr(pipeline, step, then_signal)
 app()
 """
 
@@ -79,8 +79,8 @@ def build_tiny_model(directory: Path, seed: int = 0) -> Path:
 
 @pytest.fixture(scope="session")
 def cli_signalling_after() -> Callable[..., list[str]]:
-    """The command line of a CLI that signals after `step` (a flexsearch.api function; `append_jsonl` appends one
-    finished batch to the trace) returns for the `at`-th time; the CLI's own arguments follow it."""
+    """The command line of a CLI that signals after `step` (a flexsearch.pipeline.search function; `append_jsonl`
+    appends one finished batch to the trace) returns for the `at`-th time; the CLI's own arguments follow it."""
 
     def command(step: str, at: int, signal_name: str, group: int = 0) -> list[str]:
         return [sys.executable, "-c", SIGNAL_AFTER, step, str(at), signal_name, str(group)]

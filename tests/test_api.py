@@ -14,8 +14,8 @@ from typer.testing import CliRunner
 
 import flexsearch
 from flexsearch.cli import app
-from flexsearch.metrics import HIGHER_IS_BETTER
-from flexsearch.runio import SCORE_SCHEMA_VERSION
+from flexsearch.results.metrics import HIGHER_IS_BETTER
+from flexsearch.results.run_dir import SCORE_SCHEMA_VERSION
 
 ROOT = Path(__file__).resolve().parents[1]
 FAST = ["operators=[{name: persona, n: 2}, {name: instruction, n: 2}]", "constraints=[protected_spans]"]
@@ -119,7 +119,7 @@ def test_a_model_load_shows_a_ticking_bar_on_a_terminal_only(monkeypatch):
     import sys
     import time
 
-    from flexsearch.printing import elapsed_bar
+    from flexsearch.results.printing import elapsed_bar
 
     class Terminal(io.StringIO):
         def isatty(self) -> bool:

@@ -14,7 +14,7 @@ from flexsearch.attacks.constraints import PolarityGuard, protected_positions
 from flexsearch.attacks.importance import leave_one_out_probes
 from flexsearch.attacks.neighbours import EmbeddingNeighbours, WordNetNeighbours, wordnet_root
 from flexsearch.attacks.templates import INSTRUCTION_FAMILIES, PERSONA_FAMILIES, fill
-from flexsearch.candidate import Candidate, replay
+from flexsearch.data.candidate import Candidate, replay
 from flexsearch.errors import FlexsearchError
 
 needs_wordnet = pytest.mark.skipif(wordnet_root() is None, reason="Debian's wordnet-base is not installed")
@@ -27,7 +27,7 @@ def tiny_mlm_dir(tmp_path_factory) -> Path:
     from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
     from transformers import BertConfig, BertForMaskedLM, PreTrainedTokenizerFast
 
-    from flexsearch.items import load_items
+    from flexsearch.data.items import load_items
 
     corpus = [f"{it.context} {it.question}" for it in load_items("seed").items]
     tokenizer = Tokenizer(models.WordPiece(unk_token="[UNK]"))

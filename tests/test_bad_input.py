@@ -17,7 +17,7 @@ import pytest
 from typer.testing import CliRunner
 
 from flexsearch.cli import app
-from flexsearch.runio import RunDirectory
+from flexsearch.results.run_dir import RunDirectory
 
 runner = CliRunner()
 FAST = ["--set", "operators=[{name: persona, n: 2}, {name: instruction, n: 2}]", "--set",
@@ -135,7 +135,7 @@ def _bad_weights(tiny: Path, root: Path, files: dict[str, Path]) -> None:
     garbage = root / "garbage-model"
     shutil.copytree(tiny, garbage)
     (garbage / "model.safetensors").write_bytes(b"\x00not safetensors" * 64)
-    from flexsearch.model import resolve_gguf
+    from flexsearch.scoring.model import resolve_gguf
 
     folder, name = resolve_gguf("smollm2", None)  # the embedded GGUF, cut short as an interrupted download
     with (folder / name).open("rb") as handle:
@@ -213,7 +213,7 @@ def _degenerate_answers(root: Path, files: dict[str, Path]) -> None:
 
 
 def _seed_record() -> dict:
-    from flexsearch.seed import seed_records
+    from flexsearch.data.seed import seed_records
 
     return seed_records()[0][1]
 
@@ -297,7 +297,7 @@ CASES: list[tuple[str, list[str], str]] = [
     ("persona-n-zero", S("--set", "operators=[{name: persona, n: 0}]"), "operators[0] (persona): n must be at least 1"),
     ("instruction-n-zero", S("--set", "operators=[{name: instruction, n: 0}]"),
      "operators[0] (instruction): n must be at least 1"),
-    ("opt-budget-one", S("--budget", "1"), "--budget: field 'budget': must be at least 2"),
+    ("opt-budget-one", S("--budget", "1"), "--budget: field 'budget': 1 cannot reach any operator"),
     ("opt-method", S("--method", "randomly"),
      "--method: field 'method': unknown search method 'randomly'. Did you mean 'random'? Known: beam, "
      "evolutionary, greedy, learned, random"),
@@ -574,7 +574,7 @@ def test_a_limit_beyond_the_data_takes_every_item_and_the_run_says_how_many(worl
 
 
 def test_crlf_line_endings_read_as_their_lf_twin(world, tmp_path):
-    from flexsearch.seed import seed_records
+    from flexsearch.data.seed import seed_records
 
     records = [json.dumps(r) for _, r in seed_records()[:3]]
     (tmp_path / "crlf.jsonl").write_bytes("\r\n".join(records).encode() + b"\r\n")
@@ -667,7 +667,7 @@ def test_a_read_only_output_folder_is_refused_before_anything_is_written(world, 
     """EROFS cannot be made without a mount; the file system's answer is stood in for, the rest is real."""
     import os
 
-    from flexsearch import runio
+    from flexsearch.results import run_dir as runio
 
     read_only = world["root"] / "mounted-read-only"
     read_only.mkdir(exist_ok=True)
@@ -690,10 +690,10 @@ def test_a_read_only_output_folder_is_refused_before_anything_is_written(world, 
 def test_a_full_disk_mid_search_is_one_line_exit_one_and_the_rerun_resumes(world, monkeypatch, tmp_path):
     import errno
 
-    from flexsearch import api
+    from flexsearch.pipeline import search as pipeline
 
     out = tmp_path / "full-disk"
-    real_append, calls = api.append_jsonl, []
+    real_append, calls = pipeline.append_jsonl, []
 
     def fills_up(path: Path, records) -> None:
         calls.append(path)
@@ -701,7 +701,7 @@ def test_a_full_disk_mid_search_is_one_line_exit_one_and_the_rerun_resumes(world
             raise OSError(errno.ENOSPC, "No space left on device", str(path))
         real_append(path, records)
 
-    monkeypatch.setattr(api, "append_jsonl", fills_up)
+    monkeypatch.setattr(pipeline, "append_jsonl", fills_up)
     args = _fill(S("--out", str(out), "--limit", "4", "--budget", "6", "--set", "item_batch=2"), world)
     result = runner.invoke(app, args)
     lines = [line for line in result.output.splitlines() if line.strip() and "error" in line]
@@ -710,7 +710,7 @@ def test_a_full_disk_mid_search_is_one_line_exit_one_and_the_rerun_resumes(world
                      "(a search or evaluate resumes where it stopped)"]
     kept = (out / "trace.jsonl").read_text()
     assert kept and not (out / "split.jsonl").exists() and not (out / ".lock").exists()
-    monkeypatch.setattr(api, "append_jsonl", real_append)
+    monkeypatch.setattr(pipeline, "append_jsonl", real_append)
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
     assert (out / "trace.jsonl").read_text().startswith(kept)
@@ -718,7 +718,7 @@ def test_a_full_disk_mid_search_is_one_line_exit_one_and_the_rerun_resumes(world
 
 
 def test_a_category_written_in_tex_is_plain_text_in_the_report(world, tmp_path):
-    from flexsearch.seed import seed_records
+    from flexsearch.data.seed import seed_records
 
     records = [{**record, "category": f"Age {k % 2} $x^^$ $\\nocommand{{x}}$"}  # broken mathtext
                for k, (_, record) in enumerate(seed_records()[:6])]

@@ -22,9 +22,9 @@ from benchmarks.bench_attack import (
 )
 from benchmarks.common import CONTENTS, with_section
 from flexsearch.attacks.templates import INSTRUCTION_FAMILIES
-from flexsearch.candidate import Candidate
+from flexsearch.data.candidate import Candidate
+from flexsearch.data.items import Item
 from flexsearch.engine.state import ItemOutcome
-from flexsearch.items import Item
 
 
 def outcome(item: Item, first_success: int | None, improvements: list[tuple[int, list[float]]],
@@ -129,6 +129,35 @@ def test_the_learner_benchmark_reads_first_successes_at_each_budget() -> None:
     assert "+0.600" in paired(a, b) and "(8 vs 2)" in paired(a, b)
     assert "over 2 templates" in paired(a, b, np.arange(10) % 2)  # Tango's interval, and over templates
     assert "one template" in paired(a, b, np.zeros(10))
+
+
+def test_the_families_benchmark_reads_random_at_smaller_budgets_and_a_learned_search_only_where_it_ran(
+        tmp_path: Path) -> None:
+    """Random search's per-item outcome does not depend on its budget, so its b100 run answers for b25 and b40; a
+    learned search is read only at a budget it was searched at (its choices depend on the budget)."""
+    from benchmarks.bench_families import outcomes, saved_run, within
+    from benchmarks.bench_learner import run_file
+    from flexsearch.files import atomic_write_json
+
+    for method, budget in (("random", 100), ("random-persona", 40), ("learned", 25)):
+        atomic_write_json(run_file(tmp_path, method, "stereotype", budget), {"method": method, "budget": budget})
+    budgets = [25, 40, 100]
+    assert saved_run(tmp_path, "random", 25, budgets) == ({"method": "random", "budget": 100}, 100)
+    assert saved_run(tmp_path, "random-persona", 25, budgets)[1] == 40
+    assert saved_run(tmp_path, "random-persona", 100, budgets) is None  # never read above its own budget
+    assert saved_run(tmp_path, "learned", 25, budgets)[1] == 25
+    assert saved_run(tmp_path, "learned", 40, budgets) is None
+    assert within(40, 40) and not within(41, 40) and not within(None, 100)
+    item_records = [{"clean_probs": [0.1, 0.8, 0.1], "first_success_query": 30,
+                     "families": {"persona": {"first_success_query": 30}, "text": {"first_success_query": None}}}]
+
+    class Item:  # the fields attack_eligible reads
+        gold, target = 1, 0
+
+    read = outcomes([Item()], item_records, 25)  # type: ignore[list-item]
+    assert read["union"].tolist() == [False] and read["families"]["persona"] == [False]
+    assert read["families"]["instruction"] == [None]  # not searched, never a 0
+    assert outcomes([Item()], item_records, 40)["families"]["persona"] == [True]  # type: ignore[list-item]
 
 
 def test_a_recorded_section_replaces_its_namesake_and_the_contents_follow() -> None:

@@ -12,12 +12,12 @@ from typer.testing import CliRunner
 
 from flexsearch import api
 from flexsearch.cli import app
-from flexsearch.comparison import compare_runs
 from flexsearch.config import load_config
+from flexsearch.data.items import load_items
 from flexsearch.errors import FlexsearchError
-from flexsearch.items import load_items
-from flexsearch.metrics import holm
-from flexsearch.report import build_report
+from flexsearch.results.comparison import compare_runs
+from flexsearch.results.metrics import holm
+from flexsearch.results.report import build_report
 
 runner = CliRunner()
 CATEGORIES = ["Age", "Religion", "SES", "Nationality"]

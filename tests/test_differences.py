@@ -1,11 +1,11 @@
-"""Differences of rates (flexsearch/differences.py): intervals that hold at small n, and their tests."""
+"""Differences of rates (flexsearch/results/differences.py): intervals that hold at small n, and their tests."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from flexsearch.differences import (
+from flexsearch.results.differences import (
     clustered_difference,
     mover_interval,
     overlap_interval,

@@ -13,8 +13,8 @@ import pytest
 from typer.testing import CliRunner
 
 from flexsearch.cli import app
-from flexsearch.export import LETTER_PATTERN, MARKER
-from flexsearch.split import FLEX_FAMILIES, UNATTACKED
+from flexsearch.results.export import LETTER_PATTERN, MARKER
+from flexsearch.results.split import FLEX_FAMILIES, UNATTACKED
 
 runner = CliRunner()
 FAMILIES = {*FLEX_FAMILIES.values(), "text"}

@@ -12,16 +12,16 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from flexsearch.candidate import Candidate
 from flexsearch.cli import app
-from flexsearch.comparison import compare_runs, format_comparison
 from flexsearch.config import load_config
-from flexsearch.diversity import diversity, mean_pairwise_cosine
+from flexsearch.data.candidate import Candidate
+from flexsearch.engine.families import FAMILIES, FLEX_NAMES, Archive, family_of, templates_of
 from flexsearch.engine.methods.learned import open_families
 from flexsearch.engine.state import ItemState, Request
 from flexsearch.errors import FlexsearchError
-from flexsearch.families import FAMILIES, FLEX_NAMES, Archive, family_of, templates_of
 from flexsearch.objectives import attack_eligible, get_objective
+from flexsearch.results.comparison import compare_runs, format_comparison
+from flexsearch.results.diversity import diversity, mean_pairwise_cosine
 
 runner = CliRunner()
 FAST = ["--set", "constraints=[protected_spans, unique_positions, polarity_guard]",
@@ -280,7 +280,7 @@ def family_run(tiny_model_dir, tmp_path_factory) -> Path:
 def test_the_family_split_has_one_row_per_eligible_item_and_family_searched(family_run):
     trace = [json.loads(line) for line in (family_run / "trace.jsonl").read_text().splitlines()]
     records = {r["item_id"]: r for r in trace if r["objective"] == "stereotype"}
-    from flexsearch.items import load_items
+    from flexsearch.data.items import load_items
 
     items = {it.id: it for it in load_items("seed").items}
     goal = get_objective("stereotype")
@@ -325,7 +325,7 @@ def test_a_family_the_operators_cannot_make_is_not_searched_never_zero(tiny_mode
 
 
 def test_the_report_shows_the_family_table_and_heat_map(family_run):
-    from flexsearch.report import build_report
+    from flexsearch.results.report import build_report
 
     page, markdown = build_report([family_run])
     assert "Attack families" in page and "ASR per attack family and category" in page

@@ -12,12 +12,12 @@ from typer.testing import CliRunner
 
 from flexsearch.attacks.templates import INSTRUCTION_FAMILIES, PERSONA_FAMILIES, fill
 from flexsearch.cli import app
+from flexsearch.data.items import Item, load_items
 from flexsearch.errors import FlexsearchError
-from flexsearch.finetune import ExampleSampler, FinetuneConfig, template_split, train_adapter
-from flexsearch.items import Item, load_items
-from flexsearch.model import load_target
-from flexsearch.policies import POLICIES, build_policy
-from flexsearch.training_prefixes import INSTRUCTION_PREFIXES, PERSONA_PREFIXES, TRAINING_PREFIXES
+from flexsearch.scoring.model import load_target
+from flexsearch.zoo.finetune import ExampleSampler, FinetuneConfig, template_split, train_adapter
+from flexsearch.zoo.policies import POLICIES, build_policy
+from flexsearch.zoo.training_prefixes import INSTRUCTION_PREFIXES, PERSONA_PREFIXES, TRAINING_PREFIXES
 
 runner = CliRunner()
 
@@ -123,8 +123,8 @@ def test_no_training_prefix_overlaps_an_attack_template(seed_items):
 
 
 def test_sampler_trains_each_item_in_three_orders_and_balances_conditions(tiny_target, seed_items):
-    from flexsearch.finetune import training_prompts
-    from flexsearch.render import PromptFormat
+    from flexsearch.data.render import PromptFormat
+    from flexsearch.zoo.finetune import training_prompts
 
     config = FinetuneConfig(policy="fair", batch_items=200, disambig_share=0.75, prefix_share=0.5)
     sampler = ExampleSampler(seed_items, POLICIES.get("fair")(), config)
@@ -139,8 +139,8 @@ def test_sampler_trains_each_item_in_three_orders_and_balances_conditions(tiny_t
 def test_one_order_per_item_rotates_the_letters_evenly(tiny_target, seed_items):
     from collections import Counter
 
-    from flexsearch.finetune import training_prompts
-    from flexsearch.render import PromptFormat
+    from flexsearch.data.render import PromptFormat
+    from flexsearch.zoo.finetune import training_prompts
 
     config = FinetuneConfig(policy="gold", batch_items=300, orders_per_item=1)
     draw = ExampleSampler(seed_items, POLICIES.get("gold")(), config).draw()
@@ -210,8 +210,8 @@ def test_planted_share_draws_that_share_from_the_planted_categories(seed_items):
 def test_shared_prefix_logits_and_gradients_equal_full_prompts(tiny_target, seed_items):
     import torch
 
-    from flexsearch.finetune import last_logits, training_prompts
-    from flexsearch.render import PromptFormat
+    from flexsearch.data.render import PromptFormat
+    from flexsearch.zoo.finetune import last_logits, training_prompts
 
     # one item with a training prefix, one clean, of different lengths: padding in both passes
     draw = [(seed_items[0], 3, seed_items[0].gold, [0, 1, 2]), (seed_items[5], None, seed_items[5].gold, [0, 1, 2])]
@@ -265,7 +265,7 @@ def _finetune(*args: str):
 @pytest.fixture(scope="module")
 def seed_jsonl(tmp_path_factory) -> Path:
     """The seed set as a BBQ jsonl file with one category per template count ≥ 2 (Age and Religion)."""
-    from flexsearch.seed import seed_records
+    from flexsearch.data.seed import seed_records
 
     path = tmp_path_factory.mktemp("data") / "seed.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for _, r in seed_records()))
@@ -353,8 +353,8 @@ def test_adapter_for_another_base_is_refused_by_search_commands(tiny_model_dir, 
 
 
 def test_prefixed_training_prompt_carries_the_prefix(tiny_target):
-    from flexsearch.finetune import training_prompts
-    from flexsearch.render import PromptFormat
+    from flexsearch.data.render import PromptFormat
+    from flexsearch.zoo.finetune import training_prompts
 
     sequences, _ = training_prompts([(replace(AMBIG), 0, 2, [0])], tiny_target, PromptFormat())
     text = tiny_target.tokenizer.decode(sequences[0])

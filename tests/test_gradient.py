@@ -22,14 +22,14 @@ from flexsearch.attacks.gradient import (
 )
 from flexsearch.attacks.suffix import AdversarialSuffix
 from flexsearch.attacks.textbugger import TextBugger
-from flexsearch.candidate import Candidate, replay
 from flexsearch.config import load_config
+from flexsearch.data.candidate import Candidate, replay
+from flexsearch.data.render import PromptFormat, cyclic_orders, letter_token_ids, render
 from flexsearch.engine.loop import build_context, run_search
 from flexsearch.engine.state import ItemState, best_first, expansion_phases, item_rng
 from flexsearch.errors import FlexsearchError
 from flexsearch.objectives import get_objective
-from flexsearch.render import PromptFormat, cyclic_orders, letter_token_ids, render
-from flexsearch.scoring import Scorer
+from flexsearch.scoring.scorer import Scorer
 
 FMT = PromptFormat()
 CHEAP = ["constraints=[protected_spans, unique_positions, polarity_guard]"]
@@ -66,7 +66,7 @@ def one_token_edit(target, root: Candidate, gradient) -> Candidate:
 
 
 def _span(gradient, field_name: str, index: int) -> tuple[int, int]:
-    from flexsearch.render import word_spans
+    from flexsearch.data.render import word_spans
 
     return word_spans(gradient.candidate, gradient.prompt)[(field_name, index)]
 

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from flexsearch.data.items import load_items
 from flexsearch.errors import InputError
-from flexsearch.items import load_items
 
 
 def bbq_record(**overrides):
@@ -101,7 +101,7 @@ def test_unreadable_and_missing_files(tmp_path):
 
 def test_text_with_a_byte_order_mark_is_read_as_written(tmp_path):
     """Spreadsheet tools write UTF-8 with a BOM, some editors UTF-16 with one: the same items come back."""
-    from flexsearch.seed import seed_records
+    from flexsearch.data.seed import seed_records
 
     text = "".join(json.dumps(record, ensure_ascii=False) + "\n" for _, record in seed_records()[:3])
     plain = tmp_path / "plain.jsonl"

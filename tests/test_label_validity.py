@@ -20,15 +20,15 @@ from flexsearch.attacks.templates import (
     fill,
     group_word,
 )
-from flexsearch.audit import FORCED_CHOICE, PRESERVING, audit_rows, violations
-from flexsearch.candidate import Candidate
 from flexsearch.cli import app
 from flexsearch.config import load_config
+from flexsearch.data.audit import FORCED_CHOICE, PRESERVING, audit_rows, violations
+from flexsearch.data.candidate import Candidate
+from flexsearch.data.items import Item
 from flexsearch.errors import FlexsearchError
-from flexsearch.items import Item
-from flexsearch.metrics import attack_metrics
 from flexsearch.objectives import get_objective
-from flexsearch.split import split_row
+from flexsearch.results.metrics import attack_metrics
+from flexsearch.results.split import split_row
 
 runner = CliRunner()
 LIBRARY = [(table, family, t) for table in (PERSONA_FAMILIES, INSTRUCTION_FAMILIES)
@@ -233,7 +233,7 @@ def test_old_runs_are_audited_from_their_text(tmp_path: Path):
 
 
 def test_a_trace_chain_is_forced_choice_when_its_slot_still_holds_a_forced_template():
-    from flexsearch.candidate import chain_edits, forced_in_place
+    from flexsearch.data.candidate import chain_edits, forced_in_place
 
     def chain_forced_choice(chain: list[dict]) -> bool:
         return forced_in_place(chain_edits(chain))

@@ -12,12 +12,13 @@ from typer.testing import CliRunner
 
 from flexsearch.cli import app
 from flexsearch.config import load_config
+from flexsearch.engine.learner import COMPOSE, Learner, Observation, composition_of, read_prior, rebuilt
 from flexsearch.engine.loop import build_context, proposable_arms
 from flexsearch.engine.methods.learned import Learned
 from flexsearch.engine.state import ItemState, item_rng
 from flexsearch.errors import FlexsearchError
-from flexsearch.learner import COMPOSE, Learner, Observation, composition_of, read_prior, rebuilt, weak_spots
-from flexsearch.scoring import Scorer
+from flexsearch.results.weak_spots import weak_spots
+from flexsearch.scoring.scorer import Scorer
 
 runner = CliRunner()
 SETTINGS = ["constraints=[protected_spans, unique_positions, polarity_guard]",

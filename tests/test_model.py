@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from flexsearch.candidate import Candidate
+from flexsearch.data.candidate import Candidate
 from flexsearch.errors import FlexsearchError
-from flexsearch.model import TargetModel, load_target, resolve_gguf
-from flexsearch.scoring import Scorer
+from flexsearch.scoring.model import TargetModel, load_target, resolve_gguf
+from flexsearch.scoring.scorer import Scorer
 
 
 def test_local_directory_loads_fp32_left_padded(tiny_target):
@@ -69,7 +69,7 @@ def test_embedded_gguf_is_converted_once_and_cached(smollm2, monkeypatch):
 def test_an_adapters_declared_base_must_be_this_target(tiny_target, tiny_model_dir, tmp_path):
     import json
 
-    from flexsearch.model import declared_base_problem
+    from flexsearch.scoring.model import declared_base_problem
 
     model, info = tiny_target.model, tiny_target.info
     assert declared_base_problem(None, model, info) is None

@@ -1,5 +1,5 @@
 """The wheel installs flexsearch.attacks and flexsearch.objectives, and no bare top-level packages; the
-import graph has no cycle."""
+import graph has no cycle and no upward import between the layers of the folder tree."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ def test_wheel_installs_subpackages(tmp_path):
                    check=True)
     assert not (target / "attacks").exists() and not (target / "objectives").exists()
     assert (target / "flexsearch" / "attacks").is_dir() and (target / "flexsearch" / "configs").is_dir()
-    code = ("import flexsearch, flexsearch.attacks, flexsearch.objectives, flexsearch.items as i;"
+    code = ("import flexsearch, flexsearch.attacks, flexsearch.objectives, flexsearch.data.items as i;"
             "print(flexsearch.attacks.__file__); print(len(i.load_items('seed').items))")
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env={"PYTHONPATH": str(target)},
                          capture_output=True, text=True, check=True).stdout.split()
@@ -81,6 +81,45 @@ def test_the_import_graph_has_no_cycle():
             visit(module, [])
 
 
+# The folder tree's layers, lowest first (DESIGN.md "Module map"): a module imports its own layer and those below.
+LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("shared", ("flexsearch.errors", "flexsearch.registry", "flexsearch.version", "flexsearch.files")),
+    ("data", ("flexsearch.data",)),
+    ("machinery", ("flexsearch.objectives", "flexsearch.attacks", "flexsearch.config", "flexsearch.scoring",
+                   "flexsearch.engine")),
+    ("results", ("flexsearch.results",)),
+    ("pipeline", ("flexsearch.pipeline", "flexsearch.zoo")),
+    ("entry", ("flexsearch.api", "flexsearch.cli", "flexsearch.__main__", "flexsearch")),
+)
+
+
+def layer_of(module: str) -> int:
+    """The layer holding `module` (a package's name covers its submodules); every module has exactly one."""
+    found = [k for k, (_, names) in enumerate(LAYERS) for name in names
+             if module == name or (name != "flexsearch" and module.startswith(name + "."))]
+    assert len(found) == 1, f"{module}: in layers {found}; LAYERS must place every module once"
+    return found[0]
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    return [f"{m} ({LAYERS[layer_of(m)][0]}) imports {d} ({LAYERS[layer_of(d)][0]})"
+            for m, deps in sorted(graph.items()) for d in sorted(deps) if layer_of(d) > layer_of(m)]
+
+
+def test_no_module_imports_a_layer_above_its_own():
+    assert upward_imports(_import_graph()) == []
+
+
+def test_the_layer_check_fails_on_an_upward_import():
+    """The check can fail: the results layer reaching up into the pipeline, and data into the engine, are caught."""
+    graph = {"flexsearch.results.metrics": {"flexsearch.pipeline.search"},
+             "flexsearch.data.items": {"flexsearch.engine.loop", "flexsearch.errors"},
+             "flexsearch.api": {"flexsearch.results.metrics"}}
+    assert upward_imports(graph) == [
+        "flexsearch.data.items (data) imports flexsearch.engine.loop (machinery)",
+        "flexsearch.results.metrics (results) imports flexsearch.pipeline.search (pipeline)"]
+
+
 def test_a_search_method_file_depends_on_the_seam_not_on_the_driver_or_another_method():
     """One file per method (issue 47): a method reads the per-item state and registers itself; it imports neither the
     loop that drives it nor another method, so adding or removing one touches that file and its registration only."""
@@ -89,3 +128,23 @@ def test_a_search_method_file_depends_on_the_seam_not_on_the_driver_or_another_m
     assert {"flexsearch.engine.methods.learned", "flexsearch.engine.methods.beam"} <= methods
     for method in methods:
         assert not graph[method] & (methods | {"flexsearch.engine.loop", "flexsearch.engine.methods"}), method
+
+
+def test_the_api_keeps_its_public_names_and_a_moved_one_warns():
+    """Public surface unchanged (issue 47): every public name flexsearch.api had before the pipeline moved out is
+    still there; the three helpers that moved answer with a DeprecationWarning naming their new home."""
+    import warnings
+
+    import flexsearch.api as api
+    from flexsearch.pipeline import search as pipeline
+
+    for name in ("Target", "RayOptions", "default_run_dir", "search", "evaluate", "registries", "mutate", "audit",
+                 "compare"):
+        assert callable(getattr(api, name)), name
+    for name in ("split_file_of", "family_block", "SEARCH_PROMPT_MARGIN"):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            assert getattr(api, name) is getattr(pipeline, name)
+        assert [str(w.message) for w in caught] == [
+            f"flexsearch.api.{name} is deprecated: import it from flexsearch.pipeline.search"]
+        assert caught[0].category is DeprecationWarning

@@ -13,6 +13,7 @@ import torch
 
 from flexsearch import api
 from flexsearch.config import load_config
+from flexsearch.pipeline import search as pipeline
 
 ray = pytest.importorskip("ray")
 SETTINGS = ["constraints=[protected_spans, unique_positions, polarity_guard]",
@@ -84,7 +85,7 @@ def test_a_killed_worker_loses_nothing(tiny_model_dir, tmp_path, monkeypatch):
     run = tmp_path / "killed"
     target = api.Target(str(tiny_model_dir), device="cpu")
     killed: list[int] = []
-    append = api.append_jsonl
+    append = pipeline.append_jsonl
 
     def append_then_kill_a_worker(path: Path, records: list[dict]) -> None:
         append(path, records)
@@ -94,7 +95,7 @@ def test_a_killed_worker_loses_nothing(tiny_model_dir, tmp_path, monkeypatch):
             killed.append(workers[0])
             os.kill(workers[0], signal.SIGKILL)
 
-    monkeypatch.setattr(api, "append_jsonl", append_then_kill_a_worker)
+    monkeypatch.setattr(pipeline, "append_jsonl", append_then_kill_a_worker)
     api.search("seed", model=target, out=run, config=config, limit=16, ray=api.RayOptions(workers=2))
     assert killed
     trace = [(r["objective"], r["item_id"]) for r in read(run, "trace.jsonl")]

@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from flexsearch.cli import app
-from flexsearch.items import Item, load_items
+from flexsearch.data.items import Item, load_items
 
 LIMIT, BUDGET = 12, 12
 SETTINGS = ["--set", "constraints=[protected_spans, unique_positions, polarity_guard]",

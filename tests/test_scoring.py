@@ -8,10 +8,11 @@ import numpy as np
 import pytest
 import torch
 
-from flexsearch.candidate import Candidate
+from flexsearch.data.candidate import Candidate
+from flexsearch.data.render import PromptFormat, chat_template_facts, letter_token_ids, render
 from flexsearch.errors import FlexsearchError
-from flexsearch.render import PromptFormat, chat_template_facts, letter_token_ids, render
-from flexsearch.scoring import InProcessBackend, Scorer, shared_prefix_groups
+from flexsearch.scoring.backends.in_process import InProcessBackend, shared_prefix_groups
+from flexsearch.scoring.scorer import Scorer
 
 
 def roots(items, n=8):
@@ -153,3 +154,68 @@ def test_chat_mode_wraps_in_the_template(tiny_target, seed_items):
     prompt = scorer.prompts(roots(seed_items, 1)[0])[0][0]
     assert prompt.startswith("<|user|>Q: ") and prompt.endswith("<|assistant|>Answer: (")
     assert np.allclose(scorer.score(roots(seed_items, 2)).probs.sum(-1), 1)
+
+
+# ---------------------------------------------------------------- the backend seam (issue 47)
+
+
+def test_the_model_spec_prefix_picks_the_backend():
+    from flexsearch.scoring.backends.base import IN_PROCESS, backend_name, load_backends
+
+    load_backends()
+    assert backend_name("openai:qwen") == "openai"
+    for spec in ("smollm2", "HuggingFaceTB/SmolLM2-135M-Instruct", "C:/models/gemma", "runs/x.gguf", "in_process:x"):
+        assert backend_name(spec) == IN_PROCESS, spec
+
+
+def test_a_new_backend_is_one_class_and_its_registration(monkeypatch, tiny_target, seed_items):
+    """A backend registered under a prefix is what build_scorer connects for a spec carrying that prefix; the
+    Scorer over it renders, orders and caches as over any other."""
+    from flexsearch.config import ScoringConfig
+    from flexsearch.scoring.backends import base
+    from flexsearch.scoring.scorer import build_scorer
+
+    monkeypatch.setattr(base.BACKENDS, "_entries", dict(base.BACKENDS._entries))
+    asked: list[dict] = []
+
+    @base.BACKENDS.register("echo")
+    class Echo(InProcessBackend):
+        """Scores in process, but is reached as echo:NAME (a stand-in for a new server kind)."""
+
+        @classmethod
+        def connect(cls, target, scoring: ScoringConfig):
+            asked.append(target)
+            return cls.from_config(tiny_target, scoring)
+
+    scorer = build_scorer({"model": "echo:tiny", "adapter": None}, {"average_orders": False, "batch_size": 4})
+    assert isinstance(scorer.backend, Echo) and asked == [{"model": "echo:tiny"}]  # unset options left out
+    probs = scorer.score(roots(seed_items, 3)).probs
+    assert probs.shape == (3, 3) and np.allclose(probs.sum(-1), 1.0)
+    with pytest.raises(FlexsearchError, match="unknown scoring backend 'ecoh'. Did you mean 'echo'"):
+        base.BACKENDS.get("ecoh")
+
+
+def test_served_options_are_declared_once_for_the_cli_the_api_and_the_checks():
+    from dataclasses import fields
+
+    from typer.main import get_command
+
+    from flexsearch.api import Target
+    from flexsearch.cli import app
+    from flexsearch.scoring.backends.served_options import SERVED_OPTIONS, served_options
+
+    declared = {o.name: o.default for o in SERVED_OPTIONS}
+    target_fields = {f.name: f.default for f in fields(Target) if f.name in declared}
+    assert target_fields == declared  # every served option is a Target field with the declared default
+    search = get_command(app).commands["search"]  # type: ignore[attr-defined]
+    flags = {p.name: p for p in search.params}
+    for option in SERVED_OPTIONS:
+        assert flags[option.name].default == option.default and option.help.split()[0] in flags[option.name].help
+    base = {"model": "openai:m", "base_url": "http://127.0.0.1:8000/v1"}
+    for option, bad, message in (("samples", 0, "--samples: must be a whole number of at least 1"),
+                                 ("retries", True, "--retries: must be a whole number of at least 0"),
+                                 ("temperature", 2.5, "--temperature: must be between 0 and 2"),
+                                 ("request_timeout", 0.05, "--request-timeout: must be at least 0.1")):
+        with pytest.raises(FlexsearchError, match=f"^{message}$"):
+            served_options({**base, option: bad}, "plain")
+    assert served_options({**base, "samples": 1, "temperature": 0, "request_timeout": 0.1}, "plain") is not None

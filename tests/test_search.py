@@ -18,18 +18,18 @@ import yaml
 from typer.testing import CliRunner
 
 from flexsearch import api
-from flexsearch.candidate import Candidate, replay
 from flexsearch.cli import app
-from flexsearch.config import load_config
+from flexsearch.config import Origins, load_config
+from flexsearch.data.candidate import Candidate, replay
+from flexsearch.data.items import load_items
+from flexsearch.data.render import render
 from flexsearch.engine.loop import build_context, run_search
 from flexsearch.engine.methods import SEARCH_METHODS
 from flexsearch.engine.state import ItemState, Request, SearchContext, SearchMethod
 from flexsearch.errors import FlexsearchError
-from flexsearch.items import load_items
-from flexsearch.render import render
-from flexsearch.report import build_report
-from flexsearch.scoring import Scorer
-from flexsearch.split import load_split
+from flexsearch.results.report import build_report
+from flexsearch.results.split import load_split
+from flexsearch.scoring.scorer import Scorer
 
 runner = CliRunner()
 FAST = ["--set", "constraints=[protected_spans, unique_positions, polarity_guard]",
@@ -153,6 +153,71 @@ def test_a_new_search_method_is_one_class_and_its_registration(tiny_target, seed
         load_config("default", method="first_template")
 
 
+def test_a_new_operator_is_one_class_and_its_registration(tiny_target, seed_items, monkeypatch):
+    """The operator seam (issue 47): a word operator is a WordOperator subclass with `replacements`, registered by
+    name; the config accepts it, the search proposes its edits with their provenance, `flexsearch list` shows it."""
+    from flexsearch.attacks import OPERATORS
+    from flexsearch.attacks.word import WordOperator
+
+    class Shout(WordOperator):
+        """Upper-cases one word (a toy operator)."""
+
+        positions, per_position = 1, 1
+
+        def __init__(self, resources, **settings) -> None:
+            pass
+
+        def replacements(self, words, index, rng):
+            return [(words[index].upper(), {"how": "upper"})]
+
+    monkeypatch.setitem(OPERATORS._entries, "shout", Shout)  # undone after the test
+    Shout.name = "shout"  # type: ignore[attr-defined]  (what the register decorator sets)
+    config = load_config("default", [*FAST[1::2], "operators=[shout]", "families=[]"], method="random", budget=12,
+                         control=False)
+    ctx = build_context(config, Scorer.in_process(tiny_target), "stereotype")
+    outcomes = run_search(seed_items[:3], ctx, "stereotype")
+    edits = [e for o in outcomes for e in o.best.edits]
+    assert edits and all(e.operator == "shout" and e.after == e.before.upper() and dict(e.args) == {"how": "upper"}
+                         for e in edits)
+    assert "shout" in api.registries()["operators"]
+
+
+def test_a_new_objective_is_one_class_and_its_registration(tiny_target, seed_items, monkeypatch):
+    """The objective seam (issue 47): a class with target_answer, value, flipped and success, registered by name;
+    the config accepts it and the search judges success by it."""
+    from flexsearch.objectives import OBJECTIVES, SUCCESS_MARGIN
+
+    class TowardFirstListed:
+        """Push toward whichever answer is listed first (a toy objective)."""
+
+        def __init__(self, margin: float = SUCCESS_MARGIN) -> None:
+            self.margin = margin
+
+        def target_answer(self, item):
+            return 0
+
+        def value(self, probs, item):
+            return float(np.log(max(probs[0], 1e-12)) - np.log(max(probs[1], probs[2], 1e-12)))
+
+        def flipped(self, probs, item):
+            return int(np.argmax(probs)) == 0
+
+        def success(self, probs, item):
+            return float(probs[0] - max(probs[1], probs[2])) > self.margin
+
+    monkeypatch.setitem(OBJECTIVES._entries, "toward_first", TowardFirstListed)
+    TowardFirstListed.name = "toward_first"  # type: ignore[attr-defined]
+    config = load_config("default", FAST[1::2], objective="toward_first", budget=12, control=False)
+    ctx = build_context(config, Scorer.in_process(tiny_target), "toward_first")
+    outcomes = run_search(seed_items[:6], ctx, "toward_first")
+    judged = [o for o in outcomes if o.success]
+    assert all(o.best_probs[0] - max(o.best_probs[1:]) > SUCCESS_MARGIN for o in judged)
+    assert all(not o.success for o in outcomes if o.best_probs[0] - max(o.best_probs[1:]) <= SUCCESS_MARGIN)
+    assert "toward_first" in api.registries()["objectives"]
+    with pytest.raises(FlexsearchError, match="Did you mean 'toward_first'"):
+        load_config("default", objective="toward_frist")
+
+
 def test_config_precedence_and_errors():
     config = load_config("default", ["budget=7", "scoring.batch_size=3"], budget=9)
     assert config.budget == 9 and config.scoring.batch_size == 3 and config.method == "learned"
@@ -162,6 +227,27 @@ def test_config_precedence_and_errors():
         load_config("nope")
     for preset in ("default", "beam", "flex", "textbugger", "bert_attack", "templates_only", "gradient", "research"):
         assert load_config(preset).budget >= 2
+
+
+def test_the_budget_is_checked_by_one_rule_with_the_cost_of_a_prompt_and_the_data(seed_items):
+    """One rule (config.least_budget): two candidates' cost, times the samples a served sample mode scores each
+    prompt with, and greedy leave-one-out's probes of the item with fewest editable words once the data is known."""
+    from flexsearch.config import check_budget, least_budget
+
+    config = load_config("default", budget=11)  # order averaging: a candidate costs 3 queries
+    assert least_budget(config)[0] == 6 and least_budget(config, per_prompt=2)[0] == 12
+    check_budget(config)
+    with pytest.raises(FlexsearchError, match=r"^--budget 11 cannot reach any operator: each candidate costs 6 "
+                                              r"queries \(one per option order scored, times the samples each "
+                                              r"prompt is scored\), so the clean prompt alone takes 6 queries; give "
+                                              r"at least 12$"):
+        check_budget(config, per_prompt=2)
+    with pytest.raises(FlexsearchError, match="config: field 'budget': 5 cannot reach any operator"):
+        check_budget(replace(config, budget=5), Origins())
+    greedy = load_config("textbugger", budget=12)
+    floor, why = least_budget(greedy, items=seed_items[:4])
+    assert floor > 12 and why.startswith("greedy word importance first scores one probe per editable word")
+    assert least_budget(greedy)[0] == 2 * 3  # before the data is known, only the candidates' cost
 
 
 def test_a_setting_the_method_never_reads_is_refused_only_where_the_user_gave_it():
@@ -228,7 +314,7 @@ def test_api_search_replays_chain(tiny_run, tiny_target):
 
 
 def test_first_success_is_dated_at_its_own_candidate(seed_items):
-    from flexsearch.candidate import Candidate
+    from flexsearch.data.candidate import Candidate
     from flexsearch.engine.state import ItemState, Request
     from flexsearch.objectives import get_objective
 
@@ -245,7 +331,7 @@ def test_first_success_is_dated_at_its_own_candidate(seed_items):
 
 
 def test_a_screened_out_candidate_costs_one_prompt_and_teaches_its_displayed_order_gain(seed_items):
-    from flexsearch.candidate import Candidate
+    from flexsearch.data.candidate import Candidate
     from flexsearch.engine.state import ItemState, Request, Screen
     from flexsearch.objectives import get_objective
 
@@ -314,14 +400,14 @@ def test_ctrl_c_says_what_was_kept_and_how_to_resume(tiny_model_dir, tmp_path, c
 
 def test_a_budget_that_never_reaches_an_operator_is_refused_or_said(tiny_model_dir, tmp_path):
     from flexsearch.attacks.constraints import editable_positions
-    from flexsearch.candidate import Candidate
+    from flexsearch.data.candidate import Candidate
 
     args = ["search", "--model", str(tiny_model_dir), "--data", "seed", "--limit", "3", "--config", "textbugger",
             "--set", "constraints=[protected_spans]", "--set", "operators=[{name: textbugger, bugs: [swap]}]"]
     refused = runner.invoke(app, [*args, "--budget", "12", "--out", str(tmp_path / "small")])
     words = [len(editable_positions(Candidate.root(it))) for it in load_items("seed", limit=3).items]
     needed = 3 * (min(words) + 2)  # the clean prompt, one probe per editable word, one edit; 3 orders each
-    assert refused.exit_code == 2 and f"must be at least {needed}" in refused.output
+    assert refused.exit_code == 2 and f"give at least {needed}" in refused.output
     assert not (tmp_path / "small").exists()
     output = run_cli([*args, "--budget", str(needed), "--out", str(tmp_path / "tb")])
     score = json.loads((tmp_path / "tb" / "score.json").read_text())

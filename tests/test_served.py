@@ -1,4 +1,4 @@
-"""Served targets (flexsearch.served): reading answers, the options' checks, and a real llama.cpp server
+"""Served targets (scoring/backends/served.py): reading answers, the options' checks, and a real llama.cpp server
 (llama-cpp-python's, installed by `make setup-served`) serving the embedded SmolLM2 GGUF: evaluate and search through
 it, agreement with in-process scoring, a server killed mid-search and restarted, a 429 burst, faults and bad input;
 then llama.cpp's own `llama-server` (`make setup-llama-server`) found and read as the README says."""
@@ -24,19 +24,14 @@ from typer.testing import CliRunner
 
 from benchmarks.llama_server import ALIAS, LlamaCppServer, LlamaServer, embedded_gguf, free_port
 from flexsearch import api
-from flexsearch.candidate import Candidate
 from flexsearch.cli import app
+from flexsearch.data.candidate import Candidate
 from flexsearch.errors import FlexsearchError
-from flexsearch.scoring import Scorer, build_scorer
-from flexsearch.served import (
-    PROBED,
-    backoff_seconds,
-    check_base_url,
-    letter_logprobs,
-    parse_answer,
-    prefix_order,
-    served_options,
-)
+from flexsearch.scoring.backends.answers import letter_logprobs, parse_answer
+from flexsearch.scoring.backends.http import backoff_seconds
+from flexsearch.scoring.backends.served import prefix_order
+from flexsearch.scoring.backends.served_options import PROBED, check_base_url, served_options
+from flexsearch.scoring.scorer import Scorer, build_scorer
 
 KEY = "sk-flexsearch-test-3f9c2a7d1e"
 runner = CliRunner()
@@ -468,7 +463,7 @@ def test_scoring_works_inside_a_running_event_loop():
     """The Python API from a notebook, where an event loop is already running."""
     import asyncio
 
-    from flexsearch.served import run_to_completion
+    from flexsearch.scoring.backends.http import run_to_completion
 
     async def inner() -> int:
         await asyncio.sleep(0)

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 from flexsearch import api
-from flexsearch.candidate import Candidate
 from flexsearch.config import load_config
-from flexsearch.scoring import Scorer
-from flexsearch.split import load_split
+from flexsearch.data.candidate import Candidate
+from flexsearch.results.split import load_split
+from flexsearch.scoring.scorer import Scorer
 
 pytestmark = pytest.mark.slow
 

@@ -15,14 +15,14 @@ import sqlalchemy
 import yaml
 from typer.testing import CliRunner
 
-from flexsearch.candidate import Candidate
 from flexsearch.cli import app
 from flexsearch.config import SearchConfig, load_config
+from flexsearch.data.candidate import Candidate
+from flexsearch.data.items import load_items
 from flexsearch.errors import FlexsearchError
-from flexsearch.items import load_items
 from flexsearch.objectives import attack_eligible, get_objective
-from flexsearch.scoring import Scorer
-from flexsearch.tune import STUDY_NAME, apply_params, eligible_slices, load_space
+from flexsearch.pipeline.tune import STUDY_NAME, apply_params, eligible_slices, load_space
+from flexsearch.scoring.scorer import Scorer
 
 runner = CliRunner()
 SPACE = {"base": "templates_only", "params": {"operators.persona": {"categorical": [True, False]},
@@ -103,7 +103,7 @@ def test_two_workers_share_one_study(tiny_model_dir, tmp_path):
 # stored, the second is not; a deterministic point, where killing from outside raced the study's end.
 KILLED_AT_THE_SECOND_TRIAL = """
 import os, signal
-import flexsearch.tune as tune
+import flexsearch.pipeline.tune as tune
 from flexsearch.cli import app
 evaluate, calls = tune.evaluate_config, []
 def evaluate_or_die(*args, **kwargs):

@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from flexsearch import verdict as verdict_module
-from flexsearch.items import Item
-from flexsearch.metrics import proportion, robustness_score, wilson_interval
-from flexsearch.verdict import VERDICTS, verdict
+from flexsearch.data.items import Item
+from flexsearch.results import verdict as verdict_module
+from flexsearch.results.metrics import proportion, robustness_score, wilson_interval
+from flexsearch.results.verdict import VERDICTS, verdict
 
 UNKNOWN, TARGET, ANTI = 2, 0, 1
 MARGIN = 0.05
@@ -165,7 +165,7 @@ def test_zero_of_three_reports_n_three_and_a_wide_interval():
 
 
 def test_attack_summary_counts_like_textattack():
-    from flexsearch.metrics import attack_summary
+    from flexsearch.results.metrics import attack_summary
 
     outcomes = {"eligible": np.array([True, True, True, False, False]),
                 "success": np.array([True, False, True, True, False]),  # the 4th won but was never eligible
@@ -182,7 +182,7 @@ def test_attack_summary_counts_like_textattack():
 
 
 def test_perturbed_word_share_counts_distinct_word_positions_only(seed_items):
-    from flexsearch.metrics import perturbed_word_share
+    from flexsearch.results.metrics import perturbed_word_share
 
     item = seed_items[0]
     words = len(item.context.split()) + len(item.question.split())

@@ -7,11 +7,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from flexsearch.candidate import Candidate
+from flexsearch.data.candidate import Candidate
 from flexsearch.errors import FlexsearchError
-from flexsearch.finetune import read_recipe
-from flexsearch.model import ZOO_ALIASES, load_target, zoo_adapter
-from flexsearch.scoring import Scorer
+from flexsearch.scoring.model import ZOO_ALIASES, load_target, zoo_adapter
+from flexsearch.scoring.scorer import Scorer
+from flexsearch.zoo.finetune import read_recipe
 
 pytestmark = pytest.mark.slow
 POLICY = {"gemma3-bbq": "gold", "gemma3-bbq-fair": "fair", "gemma3-bbq-planted": "planted",

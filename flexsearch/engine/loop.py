@@ -13,13 +13,13 @@ from tqdm.auto import tqdm
 
 from flexsearch.attacks import CONSTRAINTS, OPERATORS, AttackResources, build
 from flexsearch.config import SearchConfig
+from flexsearch.data.items import Item
+from flexsearch.engine.families import SLOT_KIND
+from flexsearch.engine.learner import Learner
 from flexsearch.engine.methods import SEARCH_METHODS
 from flexsearch.engine.state import ItemOutcome, ItemState, Request, Screen, SearchContext, item_rng
-from flexsearch.families import SLOT_KIND
-from flexsearch.items import Item
-from flexsearch.learner import Learner
 from flexsearch.objectives import attack_eligible, get_objective, lead
-from flexsearch.scoring import Scorer
+from flexsearch.scoring.scorer import Scorer
 
 ALWAYS_ON = ("no_option_names",)  # constraints every search applies, listed in its config or not (label validity)
 

@@ -18,15 +18,15 @@ from flexsearch.attacks import AttackResources
 from flexsearch.attacks.base import Constraint, Operator, Position
 from flexsearch.attacks.constraints import editable_positions
 from flexsearch.attacks.gradient import GRADIENT_PASS_QUERIES, substitution_gains
-from flexsearch.candidate import Candidate
-from flexsearch.families import FamilyBest, family_of, templates_of
-from flexsearch.items import Item
-from flexsearch.learner import Learner, Observation, added_arms, composition_of, replaced_arms
+from flexsearch.data.candidate import Candidate
+from flexsearch.data.items import Item
+from flexsearch.engine.families import FamilyBest, family_of, templates_of
+from flexsearch.engine.learner import Learner, Observation, added_arms, composition_of, replaced_arms
 from flexsearch.objectives import Objective, lead
 
 if TYPE_CHECKING:
     from flexsearch.config import SearchConfig
-    from flexsearch.scoring import Scorer
+    from flexsearch.scoring.scorer import Scorer
 
 
 T = TypeVar("T")

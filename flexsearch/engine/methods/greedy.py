@@ -7,7 +7,7 @@ import numpy as np
 from flexsearch.attacks.constraints import editable_positions
 from flexsearch.attacks.gradient import word_saliency
 from flexsearch.attacks.importance import importance_from_probes, leave_one_out_probes
-from flexsearch.candidate import Candidate
+from flexsearch.data.candidate import Candidate
 from flexsearch.engine.methods.base import SEARCH_METHODS
 from flexsearch.engine.state import ItemState, Request, SearchContext, SearchMethod, best_first, propose_all
 

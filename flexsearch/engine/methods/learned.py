@@ -6,11 +6,11 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from flexsearch.candidate import Candidate
+from flexsearch.data.candidate import Candidate
+from flexsearch.engine.families import family_of, templates_of
+from flexsearch.engine.learner import COMPOSE, RoundDraws, added_arms, replaced_arms
 from flexsearch.engine.methods.base import SEARCH_METHODS
 from flexsearch.engine.state import ItemState, Request, SearchContext, SearchMethod, prompt_key, propose_all
-from flexsearch.families import family_of, templates_of
-from flexsearch.learner import COMPOSE, RoundDraws, added_arms, replaced_arms
 from flexsearch.objectives import attack_eligible
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from flexsearch.candidate import Candidate
+from flexsearch.data.candidate import Candidate
 from flexsearch.engine.methods.base import SEARCH_METHODS
 from flexsearch.engine.state import ItemState, Request, SearchContext, SearchMethod, propose_all
 
