@@ -287,7 +287,8 @@ def main() -> None:
                                                                                                     minilm_encoder()))
         return
     if args.split != "all":
-        record(f"Attack families on the {args.split} split over seeds (issue 45)",
+        at = "" if args.budgets == [40] else f" at budget {', '.join(map(str, args.budgets))}"  # 40: the default's
+        record(f"Attack families on the {args.split} split over seeds{at} (issue 45)",
                split_seeds_report(args, minilm_encoder()))
         return
     items = held_out_ambiguous(args.model, args.bbq, args.items, args.seed)

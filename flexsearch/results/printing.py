@@ -1,5 +1,6 @@
 """What the CLI and the API print: the score table of a run with its confounds, verdict, per-group table and
-weak spots, the attack summary line, and a bar for work without steps (a model load). The typed results
+weak spots, the attack summary line, compact text tables (`format_table`, `cell_text`, which the HTML report shares)
+and a bar for work without steps (a model load). The typed results
 (`flexsearch.results`) carry these texts; nothing here computes a figure.
 """
 
