@@ -226,6 +226,7 @@ def split_seeds_report(args: argparse.Namespace, encode: Encode) -> str:
              "family split |", "|" + "---|" * (5 + len(FAMILIES))]
     paired: list[str] = []
     pooled: dict[str, list[int]] = {m: [0, 0] for m in SPLIT_METHODS}
+    timings: list[str] = []  # each search's wall time (bench_learner saved it)
     for budget in args.budgets:
         for seed in args.seeds:
             items = benchmark_items(args.model, args.bbq, args.split, args.items, seed)
@@ -235,7 +236,9 @@ def split_seeds_report(args: argparse.Namespace, encode: Encode) -> str:
                 path = run_file(folder, method, "stereotype", budget)
                 if not path.is_file():
                     continue
-                records = read_json(path)["records"]
+                saved = read_json(path)
+                records = saved["records"]
+                timings.append(f"seed {seed} {method} b{budget} {saved['seconds']:.0f} s")
                 result = found[method] = outcomes(items, records, budget)
                 e = result["eligible"]
                 pooled[method][0] += int(result["union"][e].sum())
@@ -251,7 +254,7 @@ def split_seeds_report(args: argparse.Namespace, encode: Encode) -> str:
                     diff = rate_difference(new["union"], new["eligible"], old["union"], old["eligible"])
                     paired.append(f"- budget {budget}, seed {seed}: {method} − learned-narrow {diff['value']:+.3f} "
                                   f"[{diff['ci'][0]:+.3f}, {diff['ci'][1]:+.3f}], exact p = {diff['p']:.3f}")
-    ratio = [f"{m} {k}/{n}" for m, (k, n) in pooled.items()]
+    ratio = [f"{m} {k}/{n}" for m, (k, n) in pooled.items() if n]  # a method searched on no seed is left out
     return "\n".join([
         f"The {args.split} split of bench_learner ("
         + ("its templates are where headline_coverage was chosen" if args.split == "dev" else
@@ -265,7 +268,9 @@ def split_seeds_report(args: argparse.Namespace, encode: Encode) -> str:
         "items with the Wilson 95% interval; width over the successful rows (top template: the most common "
         "template's share of the template uses; effective: exp of the entropy of the template distribution).", "",
         *table, "", "Union ASR against learned-narrow (paired over the items: Tango's interval, exact "
-        "McNemar):", "", *paired, "", f"Pooled over the seeds: {', '.join(ratio)}."])
+        "McNemar):", "", *paired, "", f"Pooled over the seeds: {', '.join(ratio)}.", "",
+        f"Wall time per search (`python -m benchmarks.bench_learner --split {args.split} --items {args.items} --seed S "
+        f"--search METHOD --budget B`): {', '.join(timings)}."])
 
 
 def main() -> None:
