@@ -1,6 +1,6 @@
-"""`flexsearch search` as a pipeline: the config resolved and checked, the run directory opened, every
-(objective, item) searched with its trace as the resume point, then the split, the family split, the learner, the
-score and the audit written."""
+"""`flexsearch search` as a pipeline: the settings checked against the target and the data, the run directory
+opened, every (objective, item) searched with its trace as the resume point, then the split, the family split, the
+learner, the score and the audit written."""
 
 from __future__ import annotations
 
@@ -107,7 +107,7 @@ def run_search_command(data: str, target: Target, run_dir: Path, resolved_config
             score["families"] = family_block(items, done, objectives, resolved_config)
             score["diversity"] = _diversity(rows, family_rows)
             score["audit"] = audit_emitted([{**r, "file": split_file_of(r)[0]} for r in rows]
-                                    + [{**r, "file": FAMILY_JSONL} for r in family_rows])
+                                           + [{**r, "file": FAMILY_JSONL} for r in family_rows])
             written = run.write_score(score, started)
         files = run.files()
     return RunResult(run_dir, Score.from_dict(written), rows, format_search_table(written, resolved_config.objective),

@@ -1,11 +1,8 @@
 """Answer scoring (DESIGN.md "Scoring", "Scoring backends"): a Scorer over a backend.
 
-The Scorer renders candidates, averages option orders and caches prompts; its backend scores prompts. In
-process, each rendered prompt gets one forward pass; the next-token distribution at the answer position,
-restricted to the three option-letter tokens and renormalised, is mapped back through the option
-order to P(answer). Prompts are deduplicated by a cache keyed by the rendered text; prompts that
-share a long token prefix (an instruction template, a context) compute that prefix's key/value
-cache once and score only their suffixes. torch is imported where a model runs, not with this module.
+The Scorer renders each candidate in its option orders, averages the orders when asked, serves repeated prompts
+from a cache keyed by the rendered text and counts every prompt it scores (the budget's unit); its backend
+(`backends/`, picked by the model spec's prefix) turns prompts into P(A), P(B), P(C).
 """
 
 from __future__ import annotations
@@ -13,7 +10,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -25,9 +22,6 @@ from flexsearch.errors import FlexsearchError
 from flexsearch.scoring.backends.base import BACKENDS, ScoringBackend, backend_name, load_backends
 from flexsearch.scoring.backends.in_process import InProcessBackend
 from flexsearch.scoring.model import TargetModel
-
-if TYPE_CHECKING:
-    pass
 
 
 @dataclass

@@ -33,7 +33,8 @@ class BackendOption:
                                        or (self.least is not None and value < self.least)):
             return f"must be a whole number of at least {self.least:g}"
         if self.annotation is float and self.least is not None:
-            if not isinstance(value, (int, float)) or not self.least <= value <= (self.most or float("inf")):
+            most = float("inf") if self.most is None else self.most
+            if not isinstance(value, (int, float)) or not self.least <= value <= most:
                 return (f"must be between {self.least:g} and {self.most:g}" if self.most is not None
                         else f"must be at least {self.least:g}")
         return None
