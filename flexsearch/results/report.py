@@ -237,107 +237,112 @@ def family_heat_map(report: RunReport) -> str | None:
     return png(draw, width=max(6.4, 0.9 * len(categories) + 2), height=0.55 * len(families) + 2.2)
 
 
-def _figures(reports: list[RunReport]) -> dict[str, str]:
-    figures: dict[str, str] = {}
-
-    def budget_curves(ax: plt.Axes) -> None:
-        drawn = False
-        for r in reports:
-            for objective, style, name in OBJECTIVES:
-                curve = dig(r.score, (objective, "asr_vs_budget")) or {}
-                points = sorted((int(b), m) for b, m in curve.items() if m.get("value") is not None)
-                if not points:
-                    continue
-                xs = [b for b, _ in points]
-                line, = ax.plot(xs, [m["value"] for _, m in points], style, marker="o",
-                                label=f"{r.label} {name} (n={points[-1][1]['n']})")
-                ax.fill_between(xs, [m["ci"][0] for _, m in points], [m["ci"][1] for _, m in points],
-                                color=line.get_color(), alpha=0.15)
-                drawn = True
-        if not drawn:
-            _no_data(ax, "search results")
-        ax.axhline(0, color="black", linewidth=0.8)
-        ax.set_xscale("log")
-        budgets = sorted({int(b) for r in reports for o, _, _ in OBJECTIVES
-                          for b in (dig(r.score, (o, "asr_vs_budget")) or {})})
-        if budgets:  # label the budgets the score was read at, as plain numbers
-            ax.set_xticks(budgets, [str(b) for b in budgets])
-            ax.minorticks_off()
-        costs = sorted({3 if (r.config.get("scoring") or {}).get("average_orders", True) else 1 for r in reports})
-        ax.set_xlabel("query budget (prompts scored per item; a candidate costs "
-                      + " or ".join(str(c) for c in costs) + " with its option orders)")
-        ax.set_ylabel("ASR (95% Wilson band)")
-        ax.set_ylim(-0.04, 1.04)  # a curve at 0 or 1 stays visible above the frame
-        if drawn:
-            ax.legend(fontsize=7)
-
-    figures["ASR vs query budget"] = png(budget_curves)
-
-    def category_bars(ax: plt.Axes) -> None:
-        categories = sorted({c for r in reports for c in r.score.get("per_category", {})})
-        series = [(r, objective, name) for r in reports for objective, _, name in OBJECTIVES
-                  if any(dig(r.score, ("per_category", c, objective, "asr")) for c in categories)]
-        if not series:
-            _no_data(ax, "per-category ASR")
-        width = 0.8 / max(1, len(series))
-        for k, (r, objective, name) in enumerate(series):
-            values, lows, highs, labels = [], [], [], []
-            for c in categories:
-                m = dig(r.score, ("per_category", c, objective, "asr")) or {}
-                v = m.get("value")
-                lo, hi = m.get("ci", [None, None])
-                values.append(0 if v is None else v)
-                lows.append(0 if v is None or lo is None else v - lo)
-                highs.append(0 if v is None or hi is None else hi - v)
-                labels.append("n/a" if v is None else f"{v:.2f}\nn={m.get('n')}")
-            xs = np.arange(len(categories)) + k * width
-            bars = ax.bar(xs, values, width, yerr=[lows, highs], capsize=2, label=f"{r.label} {name}",
-                          hatch="//" if objective == "anti_stereotype" else None, alpha=0.85)
-            ax.bar_label(bars, labels=labels, fontsize=7, padding=2)
-        ax.axhline(0, color="black", linewidth=0.8)
-        ax.set_xticks(np.arange(len(categories)) + width * (len(series) - 1) / 2, categories, rotation=30,
-                      ha="right", fontsize=7)
-        ax.set_ylabel("ASR (95% Wilson interval)")
-        ax.set_ylim(0, 1.15)
-        if series:
-            ax.legend(fontsize=7)
-
-    figures["ASR per category"] = png(category_bars, width=7.5, height=4.0)
-
-    def shift_histogram(ax: plt.Axes) -> None:
-        drawn = False
-        for r in reports:
-            attacked = [row for row in r.rows if row.get("attack_chain")]  # unattacked rows shift by 0: left out
-            if attacked:
-                ax.hist([row["p_target_attacked"] - row["p_target_clean"] for row in attacked], bins=20, alpha=0.5,
-                        label=f"{r.label} ({len(attacked)} attacked rows; {len(r.rows) - len(attacked)} "
-                              "unattacked left out)")
-                drawn = True
-        if not drawn:
-            _no_data(ax, "attacked prompts")
-        ax.axvline(0, color="black", linewidth=0.8)
-        ax.set_xlabel("P(target) attacked − clean, per attacked row of split.jsonl")
-        ax.set_ylabel("items")
-        if drawn:
-            ax.legend(fontsize=7)
-
-    figures["P(target) shift per item"] = png(shift_histogram)
-
-    def letter_bias(ax: plt.Axes) -> None:
-        width = 0.8 / max(1, len(reports))
-        for k, r in enumerate(reports):
-            bias = dig(r.score, ("clean", "letter_bias")) or {}
-            bars = ax.bar(np.arange(3) + k * width, [bias.get(x, 0) for x in "ABC"], width, label=r.label)
-            ax.bar_label(bars, fmt="%.2f", fontsize=7, padding=2)
-        ax.axhline(1 / 3, color="grey", linestyle=":", label="no position bias")
-        ax.axhline(0, color="black", linewidth=0.8)
-        ax.set_xticks(np.arange(3) + width * (len(reports) - 1) / 2, ["A", "B", "C"])
-        ax.set_ylabel("share of top answers (clean prompts)")
-        ax.set_ylim(0, 1)
+def budget_curves(reports: list[RunReport], ax: plt.Axes) -> None:
+    """ASR against the query budget per run and objective, with Wilson bands."""
+    drawn = False
+    for r in reports:
+        for objective, style, name in OBJECTIVES:
+            curve = dig(r.score, (objective, "asr_vs_budget")) or {}
+            points = sorted((int(b), m) for b, m in curve.items() if m.get("value") is not None)
+            if not points:
+                continue
+            xs = [b for b, _ in points]
+            line, = ax.plot(xs, [m["value"] for _, m in points], style, marker="o",
+                            label=f"{r.label} {name} (n={points[-1][1]['n']})")
+            ax.fill_between(xs, [m["ci"][0] for _, m in points], [m["ci"][1] for _, m in points],
+                            color=line.get_color(), alpha=0.15)
+            drawn = True
+    if not drawn:
+        _no_data(ax, "search results")
+    ax.axhline(0, color="black", linewidth=0.8)
+    ax.set_xscale("log")
+    budgets = sorted({int(b) for r in reports for o, _, _ in OBJECTIVES
+                      for b in (dig(r.score, (o, "asr_vs_budget")) or {})})
+    if budgets:  # label the budgets the score was read at, as plain numbers
+        ax.set_xticks(budgets, [str(b) for b in budgets])
+        ax.minorticks_off()
+    costs = sorted({3 if (r.config.get("scoring") or {}).get("average_orders", True) else 1 for r in reports})
+    ax.set_xlabel("query budget (prompts scored per item; a candidate costs "
+                  + " or ".join(str(c) for c in costs) + " with its option orders)")
+    ax.set_ylabel("ASR (95% Wilson band)")
+    ax.set_ylim(-0.04, 1.04)  # a curve at 0 or 1 stays visible above the frame
+    if drawn:
         ax.legend(fontsize=7)
 
-    figures["Letter-position bias"] = png(letter_bias, height=3.0)
-    return figures
+
+def category_bars(reports: list[RunReport], ax: plt.Axes) -> None:
+    """ASR per category per run and objective, with Wilson intervals and denominators."""
+    categories = sorted({c for r in reports for c in r.score.get("per_category", {})})
+    series = [(r, objective, name) for r in reports for objective, _, name in OBJECTIVES
+              if any(dig(r.score, ("per_category", c, objective, "asr")) for c in categories)]
+    if not series:
+        _no_data(ax, "per-category ASR")
+    width = 0.8 / max(1, len(series))
+    for k, (r, objective, name) in enumerate(series):
+        values, lows, highs, labels = [], [], [], []
+        for c in categories:
+            m = dig(r.score, ("per_category", c, objective, "asr")) or {}
+            v = m.get("value")
+            lo, hi = m.get("ci", [None, None])
+            values.append(0 if v is None else v)
+            lows.append(0 if v is None or lo is None else v - lo)
+            highs.append(0 if v is None or hi is None else hi - v)
+            labels.append("n/a" if v is None else f"{v:.2f}\nn={m.get('n')}")
+        xs = np.arange(len(categories)) + k * width
+        bars = ax.bar(xs, values, width, yerr=[lows, highs], capsize=2, label=f"{r.label} {name}",
+                      hatch="//" if objective == "anti_stereotype" else None, alpha=0.85)
+        ax.bar_label(bars, labels=labels, fontsize=7, padding=2)
+    ax.axhline(0, color="black", linewidth=0.8)
+    ax.set_xticks(np.arange(len(categories)) + width * (len(series) - 1) / 2, categories, rotation=30,
+                  ha="right", fontsize=7)
+    ax.set_ylabel("ASR (95% Wilson interval)")
+    ax.set_ylim(0, 1.15)
+    if series:
+        ax.legend(fontsize=7)
+
+
+def shift_histogram(reports: list[RunReport], ax: plt.Axes) -> None:
+    """How far each attacked row moved P(target) from its clean prompt."""
+    drawn = False
+    for r in reports:
+        attacked = [row for row in r.rows if row.get("attack_chain")]  # unattacked rows shift by 0: left out
+        if attacked:
+            ax.hist([row["p_target_attacked"] - row["p_target_clean"] for row in attacked], bins=20, alpha=0.5,
+                    label=f"{r.label} ({len(attacked)} attacked rows; {len(r.rows) - len(attacked)} "
+                          "unattacked left out)")
+            drawn = True
+    if not drawn:
+        _no_data(ax, "attacked prompts")
+    ax.axvline(0, color="black", linewidth=0.8)
+    ax.set_xlabel("P(target) attacked − clean, per attacked row of split.jsonl")
+    ax.set_ylabel("items")
+    if drawn:
+        ax.legend(fontsize=7)
+
+
+def letter_bias(reports: list[RunReport], ax: plt.Axes) -> None:
+    """The share of clean top answers at each letter (position bias)."""
+    width = 0.8 / max(1, len(reports))
+    for k, r in enumerate(reports):
+        bias = dig(r.score, ("clean", "letter_bias")) or {}
+        bars = ax.bar(np.arange(3) + k * width, [bias.get(x, 0) for x in "ABC"], width, label=r.label)
+        ax.bar_label(bars, fmt="%.2f", fontsize=7, padding=2)
+    ax.axhline(1 / 3, color="grey", linestyle=":", label="no position bias")
+    ax.axhline(0, color="black", linewidth=0.8)
+    ax.set_xticks(np.arange(3) + width * (len(reports) - 1) / 2, ["A", "B", "C"])
+    ax.set_ylabel("share of top answers (clean prompts)")
+    ax.set_ylim(0, 1)
+    ax.legend(fontsize=7)
+
+
+def _figures(reports: list[RunReport]) -> dict[str, str]:
+    """The report's figures, each a PNG in base64."""
+    return {
+        "ASR vs query budget": png(lambda ax: budget_curves(reports, ax)),
+        "ASR per category": png(lambda ax: category_bars(reports, ax), width=7.5, height=4.0),
+        "P(target) shift per item": png(lambda ax: shift_histogram(reports, ax)),
+        "Letter-position bias": png(lambda ax: letter_bias(reports, ax), height=3.0),
+    }
 
 
 def _hardest(report: RunReport) -> list[dict[str, Any]]:
@@ -358,8 +363,110 @@ def _chain_text(chain: list[dict[str, Any]]) -> str:
     return "; ".join(parts)
 
 
+def _html_table(head: list[str], rows: list[list[str]], sep: str = "") -> str:
+    cells = ["<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in rows]
+    return ("<table><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in head) + "</tr>" + sep + sep.join(cells)
+            + sep + "</table>")
+
+
+def _md_table(head: list[str], rows: list[list[str]]) -> list[str]:
+    return ["| " + " | ".join(head) + " |", "|" + "---|" * len(head), *("| " + " | ".join(row) + " |" for row in rows)]
+
+
+Section = tuple[str, list[str]]  # a part of the report: its HTML, its Markdown lines
+
+
+def _table_section(title: str, intro: str, head: list[str], rows: list[list[str]], after: str = "",
+                   after_md: tuple[str, ...] = ()) -> Section:
+    """A titled table with its intro paragraph (HTML only) and what follows it."""
+    return (f"<h2>{html.escape(title)}</h2>{intro}{_html_table(head, rows)}{after}",
+            ["", f"## {title}", "", *_md_table(head, rows), *after_md])
+
+
+def _provenance_section(report: RunReport) -> Section:
+    facts = report.provenance()
+    return (f"<h3>{html.escape(report.label)}</h3><table>" + "".join(
+        f"<tr><th>{html.escape(k)}</th><td><code>{html.escape(v)}</code></td></tr>" for k, v in facts.items())
+        + "</table>", [f"## Provenance: {report.label}", "", "| | |", "|---|---|",
+                       *(f"| {k} | `{v}` |" for k, v in facts.items()), ""])
+
+
+def _run_sections(report: RunReport) -> list[Section]:
+    """The per-run tables: verdicts, stereotyped groups, attack families, weak spots, label validity."""
+    esc, label, sections = html.escape, report.label, []
+    verdicts = _verdict_rows(report)
+    if verdicts:
+        sections.append(_table_section(f"Verdict: {label}", "", ["group", "eligible items", "verdict",
+                                                                 "smallest gap these items can show", "why"],
+                                       verdicts))
+    groups = _group_rows(report)
+    if groups:
+        sections.append(_table_section(
+            f"Per stereotyped group: {label}", "<p>The stereotyped person's BBQ group tag; intersectional items form "
+            "their own cells. Rates are k/n of eligible items.</p>",
+            ["group", "items", "ASR toward the stereotype", "control ASR", "gap (* Holm)"], groups))
+    families = _family_rows(report)
+    if families:
+        widths = report.score.get("diversity") or {}
+        width_lines = tuple(f"Width of the {name} split: {diversity_text(m)}." for name, m in widths.items())
+        heat = family_heat_map(report)
+        sections.append(_table_section(
+            f"Attack families: {label}", "<p>Each family's hardest label-valid prompt per attack-eligible item "
+            "(split-families.*): persona or instruction templates alone, word edits alone (text), or two or more "
+            "together (composition). Rates are k/n of the eligible items that searched the family; a family never "
+            "searched has no rate.</p>",
+            ["family", "items that searched it", "ASR toward the stereotype", "control ASR", "gap"], families,
+            "".join(f"<p>{esc(line)}</p>" for line in width_lines)
+            + (f"<h3>ASR per family and category</h3><img alt='ASR per attack family and category' "
+               f"src='data:image/png;base64,{heat}'>" if heat else ""), ("", *width_lines)))
+    spots = (report.score.get("weak_spots") or {}).get("overall") or []
+    if spots:
+        sections.append(_table_section(
+            f"Weak spots: {label}", "<p>Templates and compositions ranked by the attack-eligible items they broke: k "
+            "of the n items on which a label-valid prompt carrying it was scored.</p>",
+            ["template or composition", "items broken k/n [95% CI]"],
+            [[spot["key"], cell_text(spot["broke"])] for spot in spots]))
+    validity = _validity_lines(report)
+    if validity:
+        sections.append((f"<h2>Label validity: {esc(label)}</h2>" + "".join(f"<p>{esc(line)}</p>" for line in validity),
+                         ["", f"## Label validity: {label}", "", *validity]))
+    return sections
+
+
+def _hardest_section(report: RunReport) -> Section | None:
+    """The ten prompts that raised P(target) most, with their items' answers and chains."""
+    hardest = _hardest(report)
+    if not hardest:
+        return None
+    esc = html.escape
+    page = [f"<h2>Ten hardest prompts: {esc(report.label)}</h2><p>Sorted by the rise in P(target); "
+            "the target is the answer the objective pushes toward; predicted is the attacked prompt's top "
+            "answer (order-averaged as scored).</p><table><tr><th>item</th><th>gold answer</th>"
+            "<th>target answer</th><th>predicted</th><th>P(target) clean → attacked</th>"
+            "<th>attack success</th><th>attack chain</th><th>prompt</th></tr>"]
+    md = [f"## Ten hardest prompts: {report.label}", "",
+          "| item | gold answer | target answer | predicted | P(target) clean → attacked | attack success "
+          "| attack chain |", "|---|---|---|---|---|---|---|"]
+    predicted = report.predicted()
+    for r in hardest:
+        probs = f"{r['p_target_clean']:.3f} → {r['p_target_attacked']:.3f}"
+        chain = _chain_text(r["attack_chain"])
+        pushed = {"stereotype": "target", "anti_stereotype": "anti_target"}.get(r["objective"])
+        target = r["answers"][r[pushed]] if pushed else "any answer but the gold one"
+        gold, guess = r["answers"][r["gold"]], predicted.get(r["item_id"], "?")
+        met = "yes" if r["success"] else "no"
+        page.append(f"<tr><td>{esc(r['item_id'])}</td><td>{esc(gold)}</td><td>{esc(target)}</td>"
+                    f"<td>{esc(guess)}</td><td>{probs}</td><td>{met}</td><td>{esc(chain)}</td>"
+                    f"<td><pre>{esc(r['prompt'])}</pre></td></tr>")
+        md.append(f"| {r['item_id']} | {gold} | {target} | {guess} | {probs} | {met} | {chain.replace('|', '/')} |")
+    page.append("</table>")
+    md.append("")
+    return "\n".join(page), md
+
+
 def build_report(runs: list[Path]) -> tuple[str, str]:
-    """(HTML, Markdown) for one or more run directories."""
+    """(HTML, Markdown) for one or more run directories: provenance, the headline, each run's tables, the figures
+    and each run's hardest prompts."""
     if not runs:
         raise FlexsearchError("report needs at least one run directory")
     reports = [RunReport(r) for r in runs]
@@ -379,102 +486,17 @@ def build_report(runs: list[Path]) -> tuple[str, str]:
              "is easy to push either way, not that it is biased.</p>",
              "<h2>Provenance</h2>"]
     md = [MARKDOWN_TITLE, ""]
-    for report in reports:
-        facts = report.provenance()
-        parts.append(f"<h3>{esc(report.label)}</h3><table>" + "".join(
-            f"<tr><th>{esc(k)}</th><td><code>{esc(v)}</code></td></tr>" for k, v in facts.items()) + "</table>")
-        md += [f"## Provenance: {report.label}", "", "| | |", "|---|---|",
-               *(f"| {k} | `{v}` |" for k, v in facts.items()), ""]
-    parts.append("<h2>Headline</h2><p>Each cell: value [95% interval] (n = its denominator: items, or "
-                 "attack-eligible items for ASR).</p><table><tr>" + "".join(f"<th>{esc(h)}</th>" for h in headers)
-                 + "</tr>")
-    parts += ["<tr>" + "".join(f"<td>{esc(c)}</td>" for c in row) + "</tr>" for row in rows]
-    parts.append("</table>")
-    md += ["## Headline", "", "| " + " | ".join(headers) + " |", "|" + "---|" * len(headers),
-           *("| " + " | ".join(row) + " |" for row in rows)]
-    for report in reports:
-        verdicts = _verdict_rows(report)
-        if verdicts:
-            parts.append(f"<h2>Verdict: {esc(report.label)}</h2><table><tr><th>group</th><th>eligible items</th>"
-                         "<th>verdict</th><th>smallest gap these items can show</th>"
-                         "<th>why</th></tr>" + "".join("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in row) + "</tr>"
-                                                       for row in verdicts) + "</table>")
-            md += ["", f"## Verdict: {report.label}", "",
-                   "| group | eligible items | verdict | smallest gap these items can show | why |",
-                   "|---|---|---|---|---|", *("| " + " | ".join(row) + " |" for row in verdicts)]
-        groups = _group_rows(report)
-        if groups:
-            head = ["group", "items", "ASR toward the stereotype", "control ASR", "gap (* Holm)"]
-            parts.append(f"<h2>Per stereotyped group: {esc(report.label)}</h2><p>The stereotyped person's BBQ group "
-                         "tag; intersectional items form their own cells. Rates are k/n of eligible items.</p><table>"
-                         "<tr>" + "".join(f"<th>{esc(h)}</th>" for h in head) + "</tr>"
-                         + "".join("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in row) + "</tr>" for row in groups)
-                         + "</table>")
-            md += ["", f"## Per stereotyped group: {report.label}", "", "| " + " | ".join(head) + " |",
-                   "|---|---|---|---|---|", *("| " + " | ".join(row) + " |" for row in groups)]
-        families = _family_rows(report)
-        if families:
-            head = ["family", "items that searched it", "ASR toward the stereotype", "control ASR", "gap"]
-            widths = [diversity_text(m) for m in (report.score.get("diversity") or {}).values()]
-            names = list(report.score.get("diversity") or {})
-            width_lines = [f"Width of the {n} split: {w}." for n, w in zip(names, widths, strict=True)]
-            heat = family_heat_map(report)
-            parts.append(f"<h2>Attack families: {esc(report.label)}</h2><p>Each family's hardest label-valid prompt "
-                         "per attack-eligible item (split-families.*): persona or instruction templates alone, word "
-                         "edits alone (text), or two or more together (composition). Rates are k/n of the eligible "
-                         "items that searched the family; a family never searched has no rate.</p><table><tr>"
-                         + "".join(f"<th>{esc(h)}</th>" for h in head) + "</tr>"
-                         + "".join("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in row) + "</tr>" for row in families)
-                         + "</table>" + "".join(f"<p>{esc(line)}</p>" for line in width_lines)
-                         + (f"<h3>ASR per family and category</h3><img alt='ASR per attack family and category' "
-                            f"src='data:image/png;base64,{heat}'>" if heat else ""))
-            md += ["", f"## Attack families: {report.label}", "", "| " + " | ".join(head) + " |",
-                   "|---|---|---|---|---|", *("| " + " | ".join(row) + " |" for row in families), "", *width_lines]
-        spots = (report.score.get("weak_spots") or {}).get("overall") or []
-        if spots:
-            head = ["template or composition", "items broken k/n [95% CI]"]
-            rows = [[spot["key"], cell_text(spot["broke"])] for spot in spots]
-            parts.append(f"<h2>Weak spots: {esc(report.label)}</h2><p>Templates and compositions ranked by the "
-                         "attack-eligible items they broke: k of the n items on which a label-valid prompt carrying "
-                         "it was scored.</p><table><tr>" + "".join(f"<th>{esc(h)}</th>" for h in head) + "</tr>"
-                         + "".join("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in row) + "</tr>" for row in rows)
-                         + "</table>")
-            md += ["", f"## Weak spots: {report.label}", "", "| " + " | ".join(head) + " |", "|---|---|",
-                   *("| " + " | ".join(row) + " |" for row in rows)]
-        validity = _validity_lines(report)
-        if validity:
-            parts.append(f"<h2>Label validity: {esc(report.label)}</h2>"
-                         + "".join(f"<p>{esc(line)}</p>" for line in validity))
-            md += ["", f"## Label validity: {report.label}", "", *validity]
-    md.append("")
-    for title, png in figures.items():
-        parts.append(f"<h2>{esc(title)}</h2><img alt='{esc(title)}' src='data:image/png;base64,{png}'>")
-    for report in reports:
-        hardest = _hardest(report)
-        if not hardest:
-            continue
-        parts.append(f"<h2>Ten hardest prompts: {esc(report.label)}</h2><p>Sorted by the rise in P(target); "
-                     "the target is the answer the objective pushes toward; predicted is the attacked prompt's top "
-                     "answer (order-averaged as scored).</p><table><tr><th>item</th><th>gold answer</th>"
-                     "<th>target answer</th><th>predicted</th><th>P(target) clean → attacked</th>"
-                     "<th>attack success</th><th>attack chain</th><th>prompt</th></tr>")
-        md += [f"## Ten hardest prompts: {report.label}", "",
-               "| item | gold answer | target answer | predicted | P(target) clean → attacked | attack success "
-               "| attack chain |", "|---|---|---|---|---|---|---|"]
-        predicted = report.predicted()
-        for r in hardest:
-            probs = f"{r['p_target_clean']:.3f} → {r['p_target_attacked']:.3f}"
-            chain = _chain_text(r["attack_chain"])
-            pushed = {"stereotype": "target", "anti_stereotype": "anti_target"}.get(r["objective"])
-            target = r["answers"][r[pushed]] if pushed else "any answer but the gold one"
-            gold, guess = r["answers"][r["gold"]], predicted.get(r["item_id"], "?")
-            met = "yes" if r["success"] else "no"
-            parts.append(f"<tr><td>{esc(r['item_id'])}</td><td>{esc(gold)}</td><td>{esc(target)}</td>"
-                         f"<td>{esc(guess)}</td><td>{probs}</td><td>{met}</td><td>{esc(chain)}</td>"
-                         f"<td><pre>{esc(r['prompt'])}</pre></td></tr>")
-            md.append(f"| {r['item_id']} | {gold} | {target} | {guess} | {probs} | {met} | {chain.replace('|', '/')} |")
-        parts.append("</table>")
-        md.append("")
+    sections: list[Section] = [_provenance_section(r) for r in reports]
+    sections.append(("<h2>Headline</h2><p>Each cell: value [95% interval] (n = its denominator: items, or "
+                     "attack-eligible items for ASR).</p>" + _html_table(headers, rows, sep="\n"),
+                     ["## Headline", "", *_md_table(headers, rows)]))
+    sections += [section for r in reports for section in _run_sections(r)]
+    sections.append(("\n".join(f"<h2>{esc(title)}</h2><img alt='{esc(title)}' src='data:image/png;base64,{image}'>"
+                               for title, image in figures.items()), [""]))
+    sections += [section for r in reports if (section := _hardest_section(r))]
+    for page, lines in sections:
+        parts.append(page)
+        md += lines
     parts.append("</body></html>")
     md.append("Figures: " + ", ".join(figures) + " (in the HTML report).")
     return "\n".join(parts), "\n".join(md) + "\n"
