@@ -45,6 +45,17 @@ def test_the_mover_interval_on_shared_items_matches_newcombes_paired_method_10(t
     assert interval == pytest.approx((low, high), abs=5e-5)
 
 
+# Tango (1998), "Equivalence test and confidence interval for the difference in proportions for the paired-sample
+# design", Statistics in Medicine 17:891-908: his asymptotic score interval (no correction) for the airway
+# hyper-responsiveness table (Bentur et al. 2009: 1 both, 1 before only, 7 after only, 12 neither) as published in
+# Fagerland, Lydersen & Laake (2014), Statistics in Medicine 33:2850-2875, Table V: -0.517 to -0.026 (three
+# decimals). An independent reference for the Tango path, the one every all-ambiguous run takes.
+def test_the_tango_interval_matches_its_published_value_for_the_airway_table():
+    assert tango_interval(1, 7, 21, correction=0) == pytest.approx((-0.517, -0.026), abs=5e-4)
+    low, high = tango_interval(7, 1, 21, correction=0)  # the sides swapped: the interval mirrored
+    assert (low, high) == pytest.approx((0.026, 0.517), abs=5e-4)
+
+
 @pytest.mark.parametrize(("b", "c", "n"), [(0, 0, 1), (0, 0, 3), (0, 0, 10), (3, 0, 3), (0, 3, 3), (5, 5, 100),
                                            (30, 0, 30), (0, 0, 1000)])
 def test_a_paired_interval_is_never_of_zero_width_and_holds_the_estimate(b, c, n):
