@@ -72,7 +72,9 @@ SAMPLE_MAX_TOKENS = 16  # enough for "(B) the grandson" or "The answer is C"
 @BACKENDS.register(SERVED_PREFIX.removesuffix(":"))
 class ServedBackend:
     """The black-box backend: `openai:NAME` at --base-url, prompts scored by any OpenAI-compatible server (vLLM,
-    llama.cpp, TGI, a hosted API) from top-k logprobs or sampled answers."""
+    llama.cpp, TGI, a hosted API) from top-k logprobs or sampled answers. Its ~150 lines are the ScoringBackend
+    protocol's members, the probe of the server's scoring mode and the requests of both modes (logprobs, samples);
+    the HTTP client, the request cache, usage and the reading of answers are modules of their own."""
 
     white_box: TargetModel | None = None
     max_prompt_tokens = 1 << 30  # the server enforces its own context; a prompt it refuses is an error
