@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.bench_attack import held_out_ambiguous
-from benchmarks.bench_learner import SAVED, SPLITS, benchmark_items, run_file, run_folder
+from benchmarks.bench_learner import PER_ITEM, SAVED, SPLITS, benchmark_items, run_file, run_folder
 from benchmarks.common import BBQ, record
 from flexsearch.data.items import Item
 from flexsearch.engine.families import FAMILIES, family_record
@@ -45,7 +45,6 @@ from flexsearch.results.split import split_row
 METHODS = ("learned", "learned-blind", "random", "random-persona", "random-instruction", "random-text")
 BASELINE = {"persona": "random-persona", "instruction": "random-instruction", "text": "random-text",
             "composition": "random"}
-PER_ITEM = ("random", "random-persona", "random-instruction", "random-text")  # searches that do not read the budget
 
 
 def saved_run(folder: Path, method: str, budget: int, budgets: list[int]) -> tuple[dict[str, Any], int] | None:

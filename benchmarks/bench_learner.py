@@ -80,7 +80,8 @@ SEARCHES: dict[str, tuple[str, list[str]]] = {  # method → (preset, overrides)
 SAVED = ROOT / "runs" / "bench_learner"
 
 
-PER_ITEM = ("random", "random-screen", "beam")  # searches whose per-item outcome does not depend on the budget
+# searches whose per-item outcome does not depend on the budget: a run at a larger budget is read at a smaller one
+PER_ITEM = ("random", "random-screen", "beam", "random-persona", "random-instruction", "random-text")
 SPLITS = ("all", "dev", "test")
 DEV_TEMPLATES_PER_CATEGORY = 2
 RETIRED_ITEMS = 120  # the benchmark (seed 0) the learner's constants were chosen on before the dev/test split
@@ -220,7 +221,8 @@ def report(args: argparse.Namespace, items: list[Item], folder: Path) -> None:
     control_eligible = np.array([attack_eligible(control_goal, it, p) for it, p in zip(items, clean, strict=True)])
 
     def best_run(method: str, budget: int, objective: str = "stereotype") -> tuple[dict[str, Any], bool]:
-        """The run searched at `budget`, else the smallest larger one (read at the budget: marked)."""
+        """The run searched at `budget`, else the smallest larger one (read at the budget; marked when the search
+        depends on the budget)."""
         exact = runs.get(f"{method}-{objective}-b{budget}")
         if exact is not None:
             return exact, False
@@ -228,7 +230,7 @@ def report(args: argparse.Namespace, items: list[Item], folder: Path) -> None:
                         if r["method"] == method and r["objective"] == objective and r["budget"] > budget)
         if not larger:
             raise SystemExit(f"no saved {method} {objective} run at budget {budget} or above in {folder}")
-        return runs[larger[0][1]], method == "learned"
+        return runs[larger[0][1]], method not in (*PER_ITEM, "prior", "fixed")  # those two stop at a success too
 
     lines = [f"{len(items)} ambiguous BBQ items from templates `{args.model}` never saw (round-robin over "
              f"categories, seed {args.seed}); {int(eligible.sum())} attack-eligible toward the stereotype, "
@@ -256,7 +258,8 @@ def report(args: argparse.Namespace, items: list[Item], folder: Path) -> None:
                      f"{queries:.1f}", f"{run['seconds'] / 60:.1f}"])
     lines += table(header, rows)
     if marked:
-        lines.append("† read from the learned run at the next larger searched budget (its first successes).")
+        lines.append("† read from this budget-dependent search's run at the next larger searched budget (its first "
+                     "successes).")
     if "learned" in methods:
         run, _ = best_run("learned", top)
         screened = sum(r.get("screened", 0) for r in run["records"])
