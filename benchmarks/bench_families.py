@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.bench_attack import held_out_ambiguous
-from benchmarks.bench_learner import PER_ITEM, SAVED, SPLITS, benchmark_items, run_file, run_folder
+from benchmarks.bench_learner import SAVED, SPLITS, benchmark_items, run_file, run_folder, saved_at
 from benchmarks.common import BBQ, record
 from flexsearch.data.items import Item
 from flexsearch.engine.families import FAMILIES, family_record
@@ -45,15 +45,6 @@ from flexsearch.results.split import split_row
 METHODS = ("learned", "learned-blind", "random", "random-persona", "random-instruction", "random-text")
 BASELINE = {"persona": "random-persona", "instruction": "random-instruction", "text": "random-text",
             "composition": "random"}
-
-
-def saved_run(folder: Path, method: str, budget: int, budgets: list[int]) -> tuple[dict[str, Any], int] | None:
-    """The saved search to read at `budget`: one searched at it, or (per-item methods) the smallest larger one."""
-    searched = [b for b in sorted(budgets + [budget]) if b >= budget and run_file(folder, method, "stereotype",
-                                                                                   b).is_file()]
-    if not searched or (method not in PER_ITEM and searched[0] != budget):
-        return None
-    return read_json(run_file(folder, method, "stereotype", searched[0])), searched[0]
 
 
 def within(first: int | None, budget: int) -> bool:
@@ -126,7 +117,7 @@ def budget_tables(items: list[Item], folder: Path, budgets: list[int], methods: 
     for budget in budgets:
         found: dict[str, dict[str, Any]] = {}
         for method in methods:
-            run = saved_run(folder, method, budget, budgets)
+            run = saved_at(folder, method, budget)
             if run is None:
                 continue
             saved, searched_at = run
@@ -136,9 +127,9 @@ def budget_tables(items: list[Item], folder: Path, budgets: list[int], methods: 
             e = result["eligible"]
             cells = [rate_text(result["union"][e]), *(family_rate_text(result, f) for f in FAMILIES)]
             table.append(f"| {method} | {budget} | {searched_at} | " + " | ".join(cells) + " |")
-            headline, family = rows_of(items, records, budget, e)
+            headline, family_rows = rows_of(items, records, budget, e)
             widths.append(f"| {method} | {budget} | {width_text(diversity(headline, encode))} | "
-                          f"{width_text(diversity(family, encode))} |")
+                          f"{width_text(diversity(family_rows, encode))} |")
         for family, baseline in BASELINE.items():
             if "learned" in found and baseline in found:
                 flags = [_family_flags(found[m], family) for m in ("learned", baseline)]

@@ -5,6 +5,7 @@ Two steps, so the searches can run in separate processes and be reported togethe
     python -m benchmarks.bench_learner --items 60 --search learned --budget 100          # saves one run
     python -m benchmarks.bench_learner --items 60 --search random --budget 100
     python -m benchmarks.bench_learner --items 120 --search random --after 60   # joins items 61-120 to that run
+    python -m benchmarks.bench_learner --items 60 --search prior --budget 100  # prior and fixed, from learned b100
     python -m benchmarks.bench_learner --items 60 --report --budgets 10 25 50 100        # the RESULTS section
 
 A search is saved as runs/bench_learner/<model>-<items>-seed<seed>/<method>-<objective>-b<budget>.json with each
@@ -13,10 +14,11 @@ budget below the searched one reads the first success (`first_success_query <= b
 `beam`, whose per-item searches do not depend on the budget; for `learned` the report prefers a run searched at
 that very budget and says which figures are read from a larger one (its learner then learned from longer searches).
 
-The report: ASR with Wilson intervals (k/n over the attack-eligible items), the paired bootstrap difference
-learned − random and an exact McNemar p-value at each budget, the area under ASR-vs-queries, median queries to the
-first success, the control (anti-stereotype) and the gap, the weak-spots table, the best single fixed template
-(chosen on the first half of the items by the learner, applied alone to the second half) and the transfer check
+The report: ASR with Wilson intervals (k/n over the attack-eligible items), the paired difference learned − random
+(Tango's interval, an exact McNemar p-value, and over templates) at each budget, the area under ASR-vs-queries,
+median queries to the first success, the control (anti-stereotype) and the gap, the weak-spots table, the best
+single fixed template (chosen on the first half of the items by the learner, applied alone to the second half) and
+the transfer check
 (the learner's top compositions from the first half applied whole to the second half, 1 and 3 candidates, i.e.
 3 and 9 queries, against random's first 1 and 3 candidates on the same items).
 """
@@ -24,7 +26,9 @@ first success, the control (anti-stereotype) and the gap, the weak-spots table, 
 from __future__ import annotations
 
 import argparse
+import functools
 import math
+import re
 import time
 from collections import Counter, defaultdict
 from pathlib import Path
@@ -82,6 +86,7 @@ SAVED = ROOT / "runs" / "bench_learner"
 
 # searches whose per-item outcome does not depend on the budget: a run at a larger budget is read at a smaller one
 PER_ITEM = ("random", "random-screen", "beam", "random-persona", "random-instruction", "random-text")
+EXACT_AT_SMALLER = (*PER_ITEM, "prior", "fixed")  # prior and fixed stop at a success too
 SPLITS = ("all", "dev", "test")
 DEV_TEMPLATES_PER_CATEGORY = 2
 RETIRED_ITEMS = 120  # the benchmark (seed 0) the learner's constants were chosen on before the dev/test split
@@ -113,6 +118,33 @@ def run_folder(saved: Path, model: str, split: str, count: int, seed: int) -> Pa
 
 def run_file(folder: Path, method: str, objective: str, budget: int) -> Path:
     return folder / f"{method}-{objective}-b{budget}.json"
+
+
+RUN_NAME = re.compile(r"(?P<method>.+)-(?P<objective>stereotype|anti_stereotype)-b(?P<budget>\d+)")
+
+
+def saved_methods(folder: Path) -> set[str]:
+    """The methods with a saved run in `folder`."""
+    return {m["method"] for p in folder.glob("*.json") if (m := RUN_NAME.fullmatch(p.stem))}
+
+
+def saved_at(folder: Path, method: str, budget: int, objective: str = "stereotype", *,
+             any_larger: bool = False) -> tuple[dict[str, Any], int] | None:
+    """A saved search read at `budget`, and the budget it was searched at: the run searched at `budget`, else the
+    smallest larger one where reading it at `budget` is exact (EXACT_AT_SMALLER), or for any method with
+    `any_larger` (the caller marks the figure: a budget-dependent search's learner learned from longer searches)."""
+    searched = sorted(int(m["budget"]) for p in folder.glob(f"{method}-{objective}-b*.json")
+                      if (m := RUN_NAME.fullmatch(p.stem)) and m["method"] == method and int(m["budget"]) >= budget)
+    if not searched or (searched[0] != budget and method not in EXACT_AT_SMALLER and not any_larger):
+        return None
+    path = run_file(folder, method, objective, searched[0])
+    return _read_run(path, path.stat().st_mtime_ns), searched[0]
+
+
+@functools.cache
+def _read_run(path: Path, modified_ns: int) -> dict[str, Any]:
+    """A saved run, read once per version of its file (a report reads each many times)."""
+    return read_json(path)
 
 
 def search(method: str, objective: str, budget: int, items: list[Item], scorer: Scorer,
@@ -206,31 +238,23 @@ def report(args: argparse.Namespace, items: list[Item], folder: Path) -> None:
     target = load_target(args.model, dtype=args.dtype)
     scorer = Scorer.from_config(target, load_config("default").scoring)
     top = max(args.budgets)
-    runs = {p.stem: read_json(p) for p in sorted(folder.glob("*.json"))}
-    learned_top = runs.get(f"learned-stereotype-b{top}")
-    if learned_top is not None and f"prior-stereotype-b{top}" not in runs and not args.no_prior:
-        started = time.perf_counter()
-        for name, run in prior_sampled(learned_top, items, scorer, args.seed).items():
-            run["seconds"] = time.perf_counter() - started  # both together: the pool is built once per item
-            atomic_write_json(run_file(folder, name, "stereotype", top), run)
-            runs[f"{name}-stereotype-b{top}"] = run
+    if (saved_at(folder, "learned", top) and not saved_at(folder, "prior", top, any_larger=True)
+            and not args.no_prior):
+        save_prior(folder, top, items, scorer, args.seed)
     clean = scorer.score([Candidate.root(it) for it in items]).probs
     goal, control_goal = get_objective("stereotype"), get_objective("anti_stereotype")
     eligible = np.array([attack_eligible(goal, it, p) for it, p in zip(items, clean, strict=True)])
     templates = np.array([template_key(it) for it in items])
     control_eligible = np.array([attack_eligible(control_goal, it, p) for it, p in zip(items, clean, strict=True)])
 
-    def best_run(method: str, budget: int, objective: str = "stereotype") -> tuple[dict[str, Any], bool]:
-        """The run searched at `budget`, else the smallest larger one (read at the budget; marked when the search
-        depends on the budget)."""
-        exact = runs.get(f"{method}-{objective}-b{budget}")
-        if exact is not None:
-            return exact, False
-        larger = sorted((r["budget"], k) for k, r in runs.items()
-                        if r["method"] == method and r["objective"] == objective and r["budget"] > budget)
-        if not larger:
-            raise SystemExit(f"no saved {method} {objective} run at budget {budget} or above in {folder}")
-        return runs[larger[0][1]], method not in (*PER_ITEM, "prior", "fixed")  # those two stop at a success too
+    def best_run(method: str, budget: int) -> tuple[dict[str, Any], bool]:
+        """The stereotype run read at `budget`, and whether it is marked (a budget-dependent search read from a
+        larger budget's run)."""
+        found = saved_at(folder, method, budget, any_larger=True)
+        if found is None:
+            raise SystemExit(f"no saved {method} stereotype run at budget {budget} or above in {folder}")
+        run, searched = found
+        return run, searched != budget and method not in EXACT_AT_SMALLER
 
     lines = [f"{len(items)} ambiguous BBQ items from templates `{args.model}` never saw (round-robin over "
              f"categories, seed {args.seed}); {int(eligible.sum())} attack-eligible toward the stereotype, "
@@ -241,7 +265,7 @@ def report(args: argparse.Namespace, items: list[Item], folder: Path) -> None:
              "half attacked with the learner of the learned run's other half, frozen: templates and pairs ranked by "
              "one Thompson draw per arm and scored in that order until a success) and `fixed` the other half's best "
              "single template alone. ASR k/n with Wilson 95% intervals.", ""]
-    methods = [m for m in (*SEARCHES, "prior", "fixed") if any(r["method"] == m for r in runs.values())]
+    methods = [m for m in (*SEARCHES, "prior", "fixed") if m in saved_methods(folder)]
     header = ["method", *(f"ASR@{b}" for b in args.budgets), f"area under ASR-vs-queries (0-{top})",
               f"median queries to first success (@{top})", f"mean queries/item (@{top})", f"minutes (@{top})"]
     rows = []
@@ -280,13 +304,13 @@ def report(args: argparse.Namespace, items: list[Item], folder: Path) -> None:
             lines.append(f"- budget {b}: ratio {ratio}, difference {paired(a, r, templates[eligible])}")
     for method in methods:
         # the control at the largest budget it was searched at (a control run costs as much as the main one)
-        controlled = [b for b in args.budgets if f"{method}-anti_stereotype-b{b}" in runs]
+        controlled = [b for b in args.budgets if run_file(folder, method, "anti_stereotype", b).is_file()]
         if not controlled:
             continue
         budget = max(controlled)
         main, _ = best_run(method, budget)
         toward = successes_at(main, budget)
-        away = successes_at(runs[f"{method}-anti_stereotype-b{budget}"], budget)
+        away = successes_at(read_json(run_file(folder, method, "anti_stereotype", budget)), budget)
         both = eligible & control_eligible
         lines += ["", f"Control ({method}, budget {budget}, the same learner toward the anti-stereotype): ASR "
                   f"{rate(toward[eligible])}, control ASR {rate(away[control_eligible])}; gap (paired over items "
@@ -301,7 +325,7 @@ def report(args: argparse.Namespace, items: list[Item], folder: Path) -> None:
                        [[f"`{s['key']}`", rate(np.array([True] * s["broke"]["k"]
                                                         + [False] * (s["broke"]["n"] - s["broke"]["k"])))]
                         for s in spots["overall"]])
-        lines += transfer(learned, items, eligible, scorer, runs, best_run)
+        lines += transfer(learned, items, eligible, scorer, best_run("random", 3 * 3 + 3)[0])
         lines += ten_prompts(learned, items, scorer, args.seed)
     title = f"Learned search vs its baselines on {len(items)} held-out items (issue 31{args.section})"
     record(title, "\n".join(lines))
@@ -358,9 +382,20 @@ def prior_sampled(learned: dict[str, Any], items: list[Item], scorer: Scorer, se
             "fixed": {"method": "fixed", "objective": "stereotype", "budget": 100, "records": fixed}}
 
 
+def save_prior(folder: Path, budget: int, items: list[Item], scorer: Scorer, seed: int) -> dict[str, Any]:
+    """prior_sampled from the saved learned run at `budget`, saved beside it as the prior and fixed runs."""
+    started = time.perf_counter()
+    runs = prior_sampled(read_json(run_file(folder, "learned", "stereotype", budget)), items, scorer, seed)
+    for name, run in runs.items():
+        run["seconds"] = time.perf_counter() - started  # both together: the pool is built once per item
+        atomic_write_json(run_file(folder, name, "stereotype", budget), run)
+    return runs
+
+
 def transfer(learned: dict[str, Any], items: list[Item], eligible: np.ndarray, scorer: Scorer,
-             runs: dict[str, Any], best_run: Any) -> list[str]:
-    """What the learner knows after the first half, applied whole to the second half (no search)."""
+             random_run: dict[str, Any]) -> list[str]:
+    """What the learner knows after the first half, applied whole to the second half (no search), against random
+    search's first candidates (`random_run` read at 12 queries: the clean prompt and three candidates)."""
     half = len(items) // 2
     state = rebuilt(None, learned["records"][:half])
     keys = state.compositions(3)
@@ -373,7 +408,6 @@ def transfer(learned: dict[str, Any], items: list[Item], eligible: np.ndarray, s
     rows = []
     single = apply_whole(singles[:1], rest, scorer, 1, "stereotype")[keep]
     rows.append(["best single fixed template (1 candidate, 3 queries)", rate(single)])
-    random_run, _ = best_run("random", 3 * 3 + 3)  # its first three candidates after the clean prompt
     for count in (1, 3):
         hits = apply_whole(keys, rest, scorer, count, "stereotype")[keep]
         rand = successes_at({"records": random_run["records"][half:]}, 3 * count, offset=3)[keep]
@@ -412,15 +446,6 @@ COMPARED = (("learned", "random"), ("learned", "learned-noscreen"), ("random-scr
 GOALS = {25: 2.0, 100: 1.3}  # budget → the ratio over random the learned search is meant to reach
 
 
-def saved_at(runs: dict[str, dict[str, Any]], method: str, budget: int) -> dict[str, Any] | None:
-    """A method's stereotype run read at `budget`: searched at it, or for a per-item method the smallest larger."""
-    exact = runs.get(f"{method}-stereotype-b{budget}")
-    if exact is not None or method not in PER_ITEM:
-        return exact
-    larger = sorted(r["budget"] for r in runs.values() if r["method"] == method and r["budget"] > budget)
-    return runs[f"{method}-stereotype-b{larger[0]}"] if larger else None
-
-
 def seeds_report(args: argparse.Namespace) -> None:
     """The split's RESULTS section over seeds (issue 46): each method's ASR per seed with the mean and range, and
     the paired differences per seed at the item level and over templates."""
@@ -429,13 +454,13 @@ def seeds_report(args: argparse.Namespace) -> None:
     for seed in args.seeds:
         items = benchmark_items(args.model, args.bbq, args.split, args.items, seed)
         folder = run_folder(args.saved, args.model, args.split, len(items), seed)
-        runs = {p.stem: read_json(p) for p in sorted(folder.glob("*-stereotype-b*.json"))}
-        if not runs:
-            raise SystemExit(f"no saved run in {folder}")
-        first = next(iter(runs.values()))["records"]
+        # any search's clean scores (prior and fixed keep none)
+        any_search = next((f for m in SEARCHES if (f := saved_at(folder, m, 0, any_larger=True))), None)
+        if any_search is None:
+            raise SystemExit(f"no saved search in {folder}")
         eligible = np.array([attack_eligible(goal, it, np.array(r["clean_probs"]))
-                             for it, r in zip(items, first, strict=True)])
-        seeds.append((seed, runs, eligible, np.array([template_key(it) for it in items])))
+                             for it, r in zip(items, any_search[0]["records"], strict=True)])
+        seeds.append((seed, folder, eligible, np.array([template_key(it) for it in items])))
     split = split_templates(args.model, args.bbq)
     retired = Counter(template_key(it) in split[args.split] for it in held_out_ambiguous(args.model, args.bbq,
                                                                                         RETIRED_ITEMS, 0))
@@ -452,11 +477,15 @@ def seeds_report(args: argparse.Namespace) -> None:
              "search's own draws. ASR k/n over the attack-eligible items; a per-item method (random, beam) reads "
              "smaller budgets from its larger run's first successes, a learned one only at a budget it searched.",
              ""]
-    methods = [m for m in SEARCHES if any(r["method"] == m for _, runs, _, _ in seeds for r in runs.values())]
+    def read(folder: Path, method: str, budget: int) -> dict[str, Any] | None:
+        found = saved_at(folder, method, budget)
+        return None if found is None else found[0]
+
+    methods = [m for m in (*SEARCHES, "prior", "fixed") if any(m in saved_methods(folder) for _, folder, _, _ in seeds)]
     rows = []
     for budget in args.budgets:
         for method in methods:
-            found = [saved_at(runs, method, budget) for _, runs, _, _ in seeds]
+            found = [read(folder, method, budget) for _, folder, _, _ in seeds]
             if all(run is None for run in found):
                 continue
             flags = [None if run is None else successes_at(run, budget)[eligible]
@@ -466,23 +495,23 @@ def seeds_report(args: argparse.Namespace) -> None:
                          f"{np.mean(rates):.3f} [{min(rates):.3f}, {max(rates):.3f}]"])
     lines += table(["method", "budget", *(f"seed {s}" for s in args.seeds), "mean ASR [least, most]"], rows)
     for a_method, b_method in COMPARED:
-        found = []
+        differences = []
         for budget in args.budgets:
-            for seed, runs, eligible, templates in seeds:
-                a_run, b_run = saved_at(runs, a_method, budget), saved_at(runs, b_method, budget)
+            for seed, folder, eligible, templates in seeds:
+                a_run, b_run = read(folder, a_method, budget), read(folder, b_method, budget)
                 if a_run is None or b_run is None:
                     continue
                 a, b = successes_at(a_run, budget)[eligible], successes_at(b_run, budget)[eligible]
                 ratio = f"{a.mean() / b.mean():.2f}" if b.mean() else "inf"
-                found.append(f"- budget {budget}, seed {seed}: ratio {ratio}, difference "
+                differences.append(f"- budget {budget}, seed {seed}: ratio {ratio}, difference "
                              f"{paired(a, b, templates[eligible])}")
-        if found:
+        if differences:
             lines += ["", f"{a_method} − {b_method}, paired over the eligible items (Tango's 95% interval, exact "
-                      "McNemar; over templates: the cluster-robust interval and the sign-flip test):", "", *found]
+                      "McNemar; over templates: the cluster-robust interval and the sign-flip test):", "", *differences]
     for budget, goal_ratio in GOALS.items():
         pairs = []
-        for _, runs, eligible, _ in seeds:
-            learned, rand = saved_at(runs, "learned", budget), saved_at(runs, "random", budget)
+        for _, folder, eligible, _ in seeds:
+            learned, rand = read(folder, "learned", budget), read(folder, "random", budget)
             if learned is not None and rand is not None:
                 pairs.append((successes_at(learned, budget)[eligible], successes_at(rand, budget)[eligible]))
         if pairs:
@@ -507,7 +536,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0, help="draws the items and the search's own draws")
     parser.add_argument("--seeds", type=int, nargs="+", help="with --report: the split's report over these seeds")
     parser.add_argument("--dtype", default="float32")
-    parser.add_argument("--search", choices=list(SEARCHES), help="search with this method and save it")
+    parser.add_argument("--search", choices=[*SEARCHES, "prior"], help="search with this method and save it "
+                        "(prior: sample from the saved learned run's prior at --budget, saving prior and fixed)")
     parser.add_argument("--objective", default="stereotype", choices=["stereotype", "anti_stereotype"])
     parser.add_argument("--budget", type=int, default=100)
     parser.add_argument("--after", type=int, default=0, help="beam or random: search only the items after the "
@@ -528,6 +558,11 @@ def main() -> None:
     if args.search:
         target = load_target(args.model, dtype=args.dtype)
         scorer = Scorer.from_config(target, load_config("default").scoring)
+        if args.search == "prior":
+            runs = save_prior(folder, args.budget, items, scorer, args.seed)
+            print(", ".join(f"{name}: {sum(r['first_success_query'] is not None for r in run['records'])} successes"
+                            for name, run in runs.items()), flush=True)
+            return
         if args.after:
             saved = extended(args, items, scorer)
         else:

@@ -131,22 +131,35 @@ def test_the_learner_benchmark_reads_first_successes_at_each_budget() -> None:
     assert "one template" in paired(a, b, np.zeros(10))
 
 
-def test_the_families_benchmark_reads_random_at_smaller_budgets_and_a_learned_search_only_where_it_ran(
+def test_the_benchmarks_read_random_at_smaller_budgets_and_a_learned_search_only_where_it_ran(
         tmp_path: Path) -> None:
-    """Random search's per-item outcome does not depend on its budget, so its b100 run answers for b25 and b40; a
-    learned search is read only at a budget it was searched at (its choices depend on the budget)."""
-    from benchmarks.bench_families import outcomes, saved_run, within
-    from benchmarks.bench_learner import run_file
+    """Random search's per-item outcome does not depend on its budget (nor do prior and fixed, which stop at a
+    success), so its b100 run answers for b25 and b40; a learned search is read only at a budget it was searched at
+    (its choices depend on the budget), unless the caller asks for a larger run to mark."""
+    from benchmarks.bench_families import outcomes, within
+    from benchmarks.bench_learner import run_file, saved_at, saved_methods
     from flexsearch.files import atomic_write_json
 
-    for method, budget in (("random", 100), ("random-persona", 40), ("learned", 25)):
+    for method, budget in (("random", 100), ("random-persona", 40), ("learned", 25), ("learned", 100),
+                           ("prior", 100), ("random-screen", 40)):
         atomic_write_json(run_file(tmp_path, method, "stereotype", budget), {"method": method, "budget": budget})
-    budgets = [25, 40, 100]
-    assert saved_run(tmp_path, "random", 25, budgets) == ({"method": "random", "budget": 100}, 100)
-    assert saved_run(tmp_path, "random-persona", 25, budgets)[1] == 40
-    assert saved_run(tmp_path, "random-persona", 100, budgets) is None  # never read above its own budget
-    assert saved_run(tmp_path, "learned", 25, budgets)[1] == 25
-    assert saved_run(tmp_path, "learned", 40, budgets) is None
+    atomic_write_json(run_file(tmp_path, "beam", "anti_stereotype", 100), {"method": "beam", "budget": 100})
+    assert saved_at(tmp_path, "random", 25) == ({"method": "random", "budget": 100}, 100)
+    found = saved_at(tmp_path, "random-persona", 25)
+    assert found is not None and found[1] == 40
+    assert saved_at(tmp_path, "random-persona", 100) is None  # never read above its own budget
+    found = saved_at(tmp_path, "learned", 25)
+    assert found is not None and found[1] == 25
+    assert saved_at(tmp_path, "learned", 40) is None
+    found = saved_at(tmp_path, "learned", 40, any_larger=True)
+    assert found is not None and found[1] == 100
+    found = saved_at(tmp_path, "prior", 10)
+    assert found is not None and found[1] == 100
+    assert saved_at(tmp_path, "random-screen", 100) is None  # "random" is not read as "random-screen", nor back
+    assert saved_at(tmp_path, "beam", 100) is None  # the control's run is not the main one
+    found = saved_at(tmp_path, "beam", 40, "anti_stereotype")
+    assert found is not None and found[1] == 100
+    assert saved_methods(tmp_path) == {"random", "random-persona", "learned", "prior", "random-screen", "beam"}
     assert within(40, 40) and not within(41, 40) and not within(None, 100)
     item_records = [{"clean_probs": [0.1, 0.8, 0.1], "first_success_query": 30,
                      "families": {"persona": {"first_success_query": 30}, "text": {"first_success_query": None}}}]
