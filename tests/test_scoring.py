@@ -196,21 +196,31 @@ def test_a_new_backend_is_one_class_and_its_registration(monkeypatch, tiny_targe
 
 
 def test_served_options_are_declared_once_for_the_cli_the_api_and_the_checks():
+    import inspect
     from dataclasses import fields
+    from typing import get_type_hints
 
     from typer.main import get_command
 
     from flexsearch.api import Target
     from flexsearch.cli import app
-    from flexsearch.scoring.backends.served_options import SERVED_OPTIONS, served_options
+    from flexsearch.scoring.backends.served_options import SERVED_OPTIONS, ServedFields, served_options
 
-    declared = {o.name: o.default for o in SERVED_OPTIONS}
-    target_fields = {f.name: f.default for f in fields(Target) if f.name in declared}
-    assert target_fields == declared  # every served option is a Target field with the declared default
+    # the one declaration: Target's served fields are ServedFields' own, with their types and defaults
+    declared = {f.name for f in fields(ServedFields)}
+    assert [o.name for o in SERVED_OPTIONS] == [f.name for f in fields(ServedFields)] and len(declared) == 9
+    hints = get_type_hints(Target)
+    for option in SERVED_OPTIONS:
+        assert hints[option.name] == option.annotation and option.help
+    parameters = inspect.signature(Target).parameters
+    assert list(parameters)[0] == "model" and all(parameters[n].kind is inspect.Parameter.KEYWORD_ONLY
+                                                   for n in declared)
+    assert Target("openai:m", samples=3).samples == 3 and Target().samples == ServedFields().samples
     search = get_command(app).commands["search"]  # type: ignore[attr-defined]
     flags = {p.name: p for p in search.params}
     for option in SERVED_OPTIONS:
         assert flags[option.name].default == option.default and option.help.split()[0] in flags[option.name].help
+    assert flags["temperature"].max == 2 and flags["samples"].min == 1  # the bounds reach the CLI
     base = {"model": "openai:m", "base_url": "http://127.0.0.1:8000/v1"}
     for option, bad, message in (("samples", 0, "--samples: must be a whole number of at least 1"),
                                  ("retries", True, "--retries: must be a whole number of at least 0"),

@@ -9,30 +9,23 @@ from typing import Any
 
 from flexsearch.attacks.base import white_box_problems
 from flexsearch.config import SearchConfig
-from flexsearch.scoring.backends.served_options import SERVED_DEFAULTS, is_served, served_options
+from flexsearch.scoring.backends.served_options import ServedFields, is_served, served_options
 from flexsearch.scoring.model import requested_model
 
 
 @dataclass(frozen=True)
-class Target:
+class Target(ServedFields):
     """The model to attack: a Hugging Face id, local directory, .gguf file or alias loaded in process, or
-    `openai:NAME` served at `base_url` (an OpenAI-compatible /v1 root), with its options."""
+    `openai:NAME` served at `base_url` (an OpenAI-compatible /v1 root), with its options. A served model's options
+    (base_url, served_mode, top_logprobs, samples, temperature, concurrency, request_timeout, retries,
+    request_cache; keyword-only) are ServedFields', declared once beside the served backend; the API key comes from
+    FLEXSEARCH_API_KEY or OPENAI_API_KEY only."""
 
     model: str = "smollm2"
     adapter: str | None = None
     device: str | None = None
     dtype: str | None = None
     trust_remote_code: bool = False
-    # a served model's (scoring/backends/served.py; the API key comes from FLEXSEARCH_API_KEY or OPENAI_API_KEY only)
-    base_url: str | None = SERVED_DEFAULTS["base_url"]
-    served_mode: str | None = SERVED_DEFAULTS["served_mode"]  # auto (when None: probed) | logprobs | ... | sample
-    top_logprobs: int = SERVED_DEFAULTS["top_logprobs"]
-    samples: int = SERVED_DEFAULTS["samples"]
-    temperature: float = SERVED_DEFAULTS["temperature"]
-    concurrency: int = SERVED_DEFAULTS["concurrency"]
-    request_timeout: float = SERVED_DEFAULTS["request_timeout"]
-    retries: int = SERVED_DEFAULTS["retries"]
-    request_cache: bool = SERVED_DEFAULTS["request_cache"]
 
     def arguments(self) -> dict[str, Any]:
         """The model spec and its options (build_backend's argument; also what Ray workers receive)."""

@@ -1,11 +1,12 @@
-"""A served target's options, declared once: their names, defaults and checks (`SERVED_OPTIONS`), read by the
-served backend, the typed API's `Target` and the CLI's option panel; `served_options` checks a target's values in one
-line each. No HTTP client is imported here, so the CLI declares its options and `flexsearch --help` starts at once."""
+"""A served target's options, declared once (`ServedFields`): their names, types, defaults, help and bounds, read
+by the served backend, the typed API's `Target` (which inherits the fields) and the CLI's option panel
+(`SERVED_OPTIONS`); `served_options` checks a target's values in one line each. No HTTP client is imported here, so
+the CLI declares its options and `flexsearch --help` starts at once."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field, fields
+from typing import Any, get_type_hints
 from urllib.parse import urlsplit
 
 from flexsearch.errors import FlexsearchError
@@ -42,24 +43,37 @@ class BackendOption:
 
 SERVED_PREFIX = "openai:"
 SERVED_PANEL = f"Served model (--model {SERVED_PREFIX}NAME; key from FLEXSEARCH_API_KEY or OPENAI_API_KEY)"
-SERVED_OPTIONS = (
-    BackendOption("base_url", str | None, None, "The server's OpenAI-compatible /v1 root, e.g. "
-                  "http://127.0.0.1:8000/v1 (vLLM, llama.cpp, TGI...)."),
-    BackendOption("served_mode", str | None, None, "auto (default: probe the server, take the layout's logprob "
-                  "mode, else sample), logprobs (/completions top-k), chat-logprobs (/chat/completions top-k) or "
-                  "sample (n answers parsed)."),
-    BackendOption("top_logprobs", int, 5, "Top-k logprobs asked for (at least 5 recommended; the server's maximum "
-                  "if smaller).", least=1),
-    BackendOption("samples", int, 8, "Answers sampled per prompt in sample mode (each counts against the budget).",
-                  least=1),
-    BackendOption("temperature", float, 1.0, "Sampling temperature in sample mode.", least=0, most=2),
-    BackendOption("concurrency", int, 4, "Requests in flight at once.", least=1),
-    BackendOption("request_timeout", float, 60.0, "Seconds one request may take before it is retried.", least=0.1),
-    BackendOption("retries", int, 5, "Retries of a request (429, 5xx, connection errors, timeouts) with "
-                  "exponential backoff and jitter.", least=0),
-    BackendOption("request_cache", bool, True, "Keep replies in the on-disk request cache (a resumed or repeated "
-                  "run never pays twice)."),
-)
+def _declared(default: Any, help: str, least: float | None = None, most: float | None = None) -> Any:
+    """A ServedFields field: its default, and the CLI's help and the bounds as its metadata."""
+    return field(default=default, metadata={"help": help, "least": least, "most": most})
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServedFields:
+    """The served model's options, declared once. api.Target inherits these fields (keyword-only, so its own stay
+    positional and every field keeps its static type); SERVED_OPTIONS, the CLI's "Served model" panel, the defaults
+    and the checks are read from them."""
+
+    base_url: str | None = _declared(None, "The server's OpenAI-compatible /v1 root, e.g. http://127.0.0.1:8000/v1 "
+                                     "(vLLM, llama.cpp, TGI...).")
+    served_mode: str | None = _declared(None, "auto (default: probe the server, take the layout's logprob mode, else "
+                                        "sample), logprobs (/completions top-k), chat-logprobs (/chat/completions "
+                                        "top-k) or sample (n answers parsed).")
+    top_logprobs: int = _declared(5, "Top-k logprobs asked for (at least 5 recommended; the server's maximum if "
+                                  "smaller).", least=1)
+    samples: int = _declared(8, "Answers sampled per prompt in sample mode (each counts against the budget).",
+                             least=1)
+    temperature: float = _declared(1.0, "Sampling temperature in sample mode.", least=0, most=2)
+    concurrency: int = _declared(4, "Requests in flight at once.", least=1)
+    request_timeout: float = _declared(60.0, "Seconds one request may take before it is retried.", least=0.1)
+    retries: int = _declared(5, "Retries of a request (429, 5xx, connection errors, timeouts) with exponential "
+                             "backoff and jitter.", least=0)
+    request_cache: bool = _declared(True, "Keep replies in the on-disk request cache (a resumed or repeated run "
+                                    "never pays twice).")
+
+
+SERVED_OPTIONS = tuple(BackendOption(f.name, get_type_hints(ServedFields)[f.name], f.default, **f.metadata)
+                       for f in fields(ServedFields))
 SERVED_DEFAULTS: dict[str, Any] = {option.name: option.default for option in SERVED_OPTIONS}
 
 SERVED_MODES = ("logprobs", "chat-logprobs", "sample")
