@@ -86,11 +86,13 @@ def test_a_killed_worker_loses_nothing(tiny_model_dir, tmp_path, monkeypatch):
     target = api.Target(str(tiny_model_dir), device="cpu")
     killed: list[int] = []
     append = pipeline.append_jsonl
+    # an earlier search's workers may still be exiting (under load they outlive their search): never one of them
+    earlier = set(_own_processes("ray::SearchWorker"))
 
     def append_then_kill_a_worker(path: Path, records: list[dict]) -> None:
         append(path, records)
         if not killed:  # the first finished batch: kill one of the workers this search started, no other
-            workers = _own_processes("ray::SearchWorker")
+            workers = [pid for pid in _own_processes("ray::SearchWorker") if pid not in earlier]
             assert workers, "no Ray worker of this test's search found"
             killed.append(workers[0])
             os.kill(workers[0], signal.SIGKILL)
