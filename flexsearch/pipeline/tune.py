@@ -42,7 +42,8 @@ from flexsearch.engine.state import ItemOutcome
 from flexsearch.errors import FlexsearchError
 from flexsearch.files import atomic_write_json, atomic_write_text, atomic_write_yaml
 from flexsearch.objectives import Objective, attack_eligible, get_objective
-from flexsearch.results.metrics import mean_with_interval, metric_text, proportion
+from flexsearch.results.differences import rate_difference
+from flexsearch.results.metrics import metric_text, proportion
 from flexsearch.scoring.scorer import Scorer, build_scorer
 
 STUDY_NAME = "flexsearch"
@@ -236,8 +237,11 @@ def holdout_check(tuned: SearchConfig, base: SearchConfig, scorer: Scorer, held:
     both = [i for i in tuned_score.wins if i in default_score.wins]
     return {"items": len(held), "tuned_asr": tuned_score.asr_interval(), "tuned_mean_queries": tuned_score.mean_queries,
             "default_asr": default_score.asr_interval(), "default_mean_queries": default_score.mean_queries,
-            "tuned_minus_default": mean_with_interval([float(tuned_score.wins[i]) - float(default_score.wins[i])
-                                                       for i in both])}
+            # paired over the items eligible for both: Tango's interval and the exact McNemar test
+            "tuned_minus_default": rate_difference(np.array([tuned_score.wins[i] for i in both], dtype=bool),
+                                                   np.ones(len(both), dtype=bool),
+                                                   np.array([default_score.wins[i] for i in both], dtype=bool),
+                                                   np.ones(len(both), dtype=bool))}
 
 
 def trials_csv(study: optuna.Study) -> str:
@@ -337,7 +341,7 @@ def tune_report(study: optuna.Study, summary: dict[str, Any]) -> str:
     held_text = ("No held-out check." if not held else
                  f"Held-out ASR on {held['items']} items tuning never saw: tuned config "
                  f"{metric_text(held['tuned_asr'])}, default preset {metric_text(held['default_asr'])}, "
-                 f"tuned − default {metric_text(held['tuned_minus_default'])} (paired bootstrap). "
+                 f"tuned − default {metric_text(held['tuned_minus_default'])} (paired: Tango's interval). "
                  f"Tuning ASR of the tuned config: {summary['tuning_asr']:.2f}.")
     return ("<!doctype html><html><head><meta charset='utf-8'><title>flexsearch tune</title></head>"
             "<body style='font-family:sans-serif;max-width:900px;margin:2em auto'><h1>flexsearch tune</h1>"

@@ -1,8 +1,9 @@
 """`flexsearch compare`: a paired comparison of two runs on the items they share.
 
 A run is a search run (trace.jsonl + split.jsonl) or an evaluate run (predictions.jsonl, with
-attacked probabilities when it re-scored a split). Every metric is computed on the same resampled
-items for both runs (a paired bootstrap), so the interval is for the difference itself.
+attacked probabilities when it re-scored a split). Every interval is for the difference itself, paired over the
+shared items: a rate's (ASR, accuracy, abstention) is differences.rate_difference's small-sample interval with its
+exact test; a mean's (and the difference of the fairness gaps) a paired bootstrap over the items.
 """
 
 from __future__ import annotations
@@ -360,7 +361,8 @@ def format_comparison(result: dict[str, Any]) -> str:
     lines = [f"A = {result['run_a']}", f"B = {result['run_b']}",
              f"{result['shared_items']} shared items; scoring {result['scoring']}",
              *(f"warning: {w}" for w in result.get("warnings", [])), "",
-             f"{'metric':<20} {'A':>7} {'B':>7} {'B-A':>7}  95% CI (paired bootstrap)"]
+             f"{'metric':<20} {'A':>7} {'B':>7} {'B-A':>7}  95% CI (paired: score interval for rates, bootstrap "
+             "for means)"]
     for name, m in result["overall"].items():
         if m["a"] is None and m["b"] is None:
             continue

@@ -481,7 +481,8 @@ def build_report(runs: list[Path]) -> tuple[str, str]:
              f"</style>{REPORT_SIGNATURE}</head><body><h1>flexsearch robustness report</h1>",
              "<p>Runs: " + ", ".join(f"<code>{esc(portable_path(r.run))}</code>" for r in reports)
              + ". Intervals are 95%: "
-             "Wilson intervals for rates (accuracy, abstention, ASR), bootstrap over items for means and the gap. "
+             "Wilson intervals for rates (accuracy, abstention, ASR), a small-sample score interval for the gap "
+             "(a difference of rates), bootstrap over items for means. "
              "Read ASR beside the control ASR: a fairness gap near 0 means the model "
              "is easy to push either way, not that it is biased.</p>",
              "<h2>Provenance</h2>"]

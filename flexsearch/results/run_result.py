@@ -30,8 +30,8 @@ class Rate:
 
 @dataclass(frozen=True)
 class Difference:
-    """A difference of two rates (the fairness gap) with its bootstrap 95% interval and the items it was
-    resampled over; not a proportion, so it has no count."""
+    """A difference of two rates (the fairness gap) with its small-sample 95% interval (results/differences.py)
+    and the items it rests on; not a proportion, so it has no count."""
 
     value: float | None
     low: float | None
