@@ -471,12 +471,18 @@ def seeds_report(args: argparse.Namespace) -> None:
              + f". Per category the {DEV_TEMPLATES_PER_CATEGORY} templates that gave most items to the retired "
              f"{RETIRED_ITEMS}-item benchmark are dev (benchmarks/bench_learner.py, split_templates). The learner's "
              f"constants (PRIOR_SD {PRIOR_SD} worth {PRIOR_SD_WEIGHT:g} observations, screen_lead -0.5, "
-             "family_share 0.2, coverage 0.5) were chosen on that retired benchmark before the split, and none since: "
+             "family_share 0.2, coverage 0.5) were chosen on that retired benchmark before the split: "
              f"{retired[True]} of its {RETIRED_ITEMS} items came from templates now in this split (other items of "
-             f"the same templates). Seeds {', '.join(map(str, args.seeds))}: each draws its own items and the "
-             "search's own draws. ASR k/n over the attack-eligible items; a per-item method (random, beam) reads "
-             "smaller budgets from its larger run's first successes, a learned one only at a budget it searched.",
+             "the same templates). Since the split one constant was chosen, on the dev split only: "
+             "headline_coverage 1 (RESULTS \"Attack families on the dev split over seeds\"). Seeds "
+             f"{', '.join(map(str, args.seeds))}: each draws its own items and the search's own draws. ASR k/n over "
+             "the attack-eligible items; a per-item method (random, random-screen, beam) and prior and fixed (they "
+             "stop at a success) read smaller budgets from a larger run's first successes, a learned one only at a "
+             "budget it searched. `prior` samples from the learned prior without search and `fixed` applies the best "
+             "single template, each half of the items with the learner of the learned b100 run's other half "
+             "(prior_sampled).",
              ""]
+
     def read(folder: Path, method: str, budget: int) -> dict[str, Any] | None:
         found = saved_at(folder, method, budget)
         return None if found is None else found[0]
