@@ -442,7 +442,8 @@ def table(header: list[str], rows: list[list[str]]) -> list[str]:
             *("| " + " | ".join(str(c) for c in row) + " |" for row in rows)]
 
 
-COMPARED = (("learned", "random"), ("learned", "learned-noscreen"), ("random-screen", "random"), ("learned", "beam"))
+COMPARED = (("learned", "random"), ("learned", "learned-noscreen"), ("random-screen", "random"), ("learned", "beam"),
+            ("learned", "prior"))
 GOALS = {25: 2.0, 100: 1.3}  # budget → the ratio over random the learned search is meant to reach
 
 
