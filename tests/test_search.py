@@ -330,6 +330,35 @@ def test_first_success_is_dated_at_its_own_candidate(seed_items):
     assert state.queries == 3 + 3 * 3  # the whole request is charged
 
 
+def test_the_emitted_prompt_is_a_success_when_the_search_scored_one(seed_items):
+    """Near the margin the highest-valued prompt (log-odds of the aim) can fall short of the margin while another
+    prompt meets it (a test-split item at budget 100 did): the item emits the success, and the learned search
+    still climbs from the highest-valued prompt."""
+    from flexsearch.data.candidate import Candidate
+    from flexsearch.engine.state import ItemState, Request
+    from flexsearch.objectives import get_objective
+
+    item = seed_items[0]
+    goal = get_objective("stereotype")
+    state = ItemState(item, goal, np.random.default_rng(0), budget=30, cost_per_candidate=3)
+    root = Candidate.root(item)
+    state.record(Request([root]), np.eye(3)[item.gold][None])
+    higher, succeeding = (root.with_slot("persona", "persona", f"You are person {k}.") for k in range(2))
+    other = 3 - item.gold - item.target
+    close, over = np.zeros(3), np.zeros(3)
+    close[[item.target, item.gold, other]] = 0.3673, 0.3184, 0.3143  # ahead by 0.049: no success
+    over[[item.target, item.gold, other]] = 0.3934, 0.3421, 0.2645  # ahead by 0.051: a success
+    assert goal.value(close, item) > goal.value(over, item)
+    assert not goal.success(close, item) and goal.success(over, item)
+    state.record(Request([higher, succeeding]), np.array([close, over]))
+    assert state.best == higher  # where the search climbs from
+    outcome = state.outcome("stereotype")
+    assert outcome.best == succeeding and outcome.success and state.first_success_query == 9
+    assert outcome.to_record()["success"] is True
+    state.record(Request([root.with_slot("persona", "persona", "You are person 9.")]), close[None])
+    assert state.outcome("stereotype").best == succeeding  # a failure never displaces a success
+
+
 def test_a_screened_out_candidate_costs_one_prompt_and_teaches_its_displayed_order_gain(seed_items):
     from flexsearch.data.candidate import Candidate
     from flexsearch.engine.state import ItemState, Request, Screen

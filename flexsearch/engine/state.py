@@ -93,9 +93,14 @@ class ItemState:
     screen_cost: int = 1  # what a candidate scored in its displayed order only costs (one prompt)
     queries: int = 0
     screened: int = 0
-    best: Candidate | None = None
+    best: Candidate | None = None  # the highest-valued prompt: where the learned search climbs from
     best_value: float = -np.inf
     best_probs: np.ndarray | None = None
+    # the prompt the split emits: a success beats a failure, then the higher value (near the margin the
+    # highest-valued prompt can fall short of it while another prompt meets it)
+    hardest: Candidate | None = None
+    hardest_rank: tuple[bool, float] = (False, -np.inf)
+    hardest_probs: np.ndarray | None = None
     clean_probs: np.ndarray | None = None
     first_success_query: int | None = None
     seen: set[tuple[Any, ...]] = field(default_factory=set)
@@ -156,6 +161,8 @@ class ItemState:
                                   self.cost_per_candidate)
             if value > self.best_value:
                 self.best, self.best_value, self.best_probs = candidate, value, p
+            if (success, value) > self.hardest_rank:
+                self.hardest, self.hardest_rank, self.hardest_probs = candidate, (success, value), p
                 self.improvements.append((self.queries, p))
             if self.first_success_query is None and success:
                 self.first_success_query = self.queries
@@ -206,9 +213,9 @@ class ItemState:
             self.scored[prompt_key(candidate)] = aim_lead
 
     def outcome(self, objective_name: str) -> ItemOutcome:
-        assert self.best is not None and self.best_probs is not None and self.clean_probs is not None
-        return ItemOutcome(self.item, objective_name, self.best, self.clean_probs, self.best_probs,
-                           bool(self.objective.success(self.best_probs, self.item)), self.queries,
+        assert self.hardest is not None and self.hardest_probs is not None and self.clean_probs is not None
+        return ItemOutcome(self.item, objective_name, self.hardest, self.clean_probs, self.hardest_probs,
+                           bool(self.objective.success(self.hardest_probs, self.item)), self.queries,
                            self.first_success_query, self.improvements, self.observations, self.screened,
                            self.families)
 
