@@ -530,6 +530,12 @@ def seeds_report(args: argparse.Namespace) -> None:
                          + ", ".join(f"{r:.2f}" for r in ratios)
                          + f"; it holds in {sum(r >= goal_ratio for r in ratios)} of {len(ratios)} seeds "
                          f"(pooled over the seeds: {learned_k}/{total} vs {random_k}/{total}, ratio {pooled}).")
+    timings = [f"seed {seed} {run['method']} b{run['budget']} {run['seconds']:.0f} s" for seed, folder, _, _ in seeds
+               for path in sorted(folder.glob("*-stereotype-b*.json")) if "seconds" in (run := read_json(path))]
+    lines.append(f"\nWall time per search (`python -m benchmarks.bench_learner --split {args.split} --items "
+                 f"{args.items} --seed S --search METHOD --budget B`, one CPU thread each, two searches at a time on "
+                 "the 2 cores; prior and fixed: `--search prior --budget 100`, both together): "
+                 + ", ".join(timings) + ".")
     record(f"Learned search vs its baselines on the {args.split} split over seeds (issue 46)", "\n".join(lines))
 
 
