@@ -137,13 +137,16 @@ def saved_at(folder: Path, method: str, budget: int, objective: str = "stereotyp
                       if (m := RUN_NAME.fullmatch(p.stem)) and m["method"] == method and int(m["budget"]) >= budget)
     if not searched or (searched[0] != budget and method not in EXACT_AT_SMALLER and not any_larger):
         return None
-    path = run_file(folder, method, objective, searched[0])
-    return _read_run(path, path.stat().st_mtime_ns), searched[0]
+    return read_saved(run_file(folder, method, objective, searched[0])), searched[0]
+
+
+def read_saved(path: Path) -> dict[str, Any]:
+    """A saved run, read once per version of its file (a report reads each many times)."""
+    return _read_run(path, path.stat().st_mtime_ns)
 
 
 @functools.cache
 def _read_run(path: Path, modified_ns: int) -> dict[str, Any]:
-    """A saved run, read once per version of its file (a report reads each many times)."""
     return read_json(path)
 
 
@@ -531,7 +534,7 @@ def seeds_report(args: argparse.Namespace) -> None:
                          + f"; it holds in {sum(r >= goal_ratio for r in ratios)} of {len(ratios)} seeds "
                          f"(pooled over the seeds: {learned_k}/{total} vs {random_k}/{total}, ratio {pooled}).")
     timings = [f"seed {seed} {run['method']} b{run['budget']} {run['seconds']:.0f} s" for seed, folder, _, _ in seeds
-               for path in sorted(folder.glob("*-stereotype-b*.json")) if "seconds" in (run := read_json(path))]
+               for path in sorted(folder.glob("*-stereotype-b*.json")) if "seconds" in (run := read_saved(path))]
     lines.append(f"\nWall time per search (`python -m benchmarks.bench_learner --split {args.split} --items "
                  f"{args.items} --seed S --search METHOD --budget B`, one CPU thread each, two searches at a time on "
                  "the 2 cores; prior and fixed: `--search prior --budget 100`, both together): "

@@ -72,7 +72,8 @@ class ServedFields:
                                     "never pays twice).")
 
 
-SERVED_OPTIONS = tuple(BackendOption(f.name, get_type_hints(ServedFields)[f.name], f.default, **f.metadata)
+_SERVED_TYPES = get_type_hints(ServedFields)  # once: the annotations are strings (postponed evaluation)
+SERVED_OPTIONS = tuple(BackendOption(f.name, _SERVED_TYPES[f.name], f.default, **f.metadata)
                        for f in fields(ServedFields))
 SERVED_DEFAULTS: dict[str, Any] = {option.name: option.default for option in SERVED_OPTIONS}
 
