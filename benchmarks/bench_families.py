@@ -6,9 +6,8 @@
                                                                                  # random-instruction, random-text
     python -m benchmarks.bench_families --items 120 --budgets 25 40                      # the RESULTS section
     python -m benchmarks.bench_learner --split test --items 48 --seed 1 --search learned-narrow --budget 40
-    python -m benchmarks.bench_families --split test --items 48 --seeds 0 1 2 --budgets 40  # the test split's section
-    python -m benchmarks.bench_learner --split test --items 48 --seed 0 --search random-persona --budget 40  # ...
-    python -m benchmarks.bench_families --split test --items 48 --seeds 0 --budgets 25 40 100 --by-budget
+    python -m benchmarks.bench_learner --split test --items 48 --seed 0 --search random-persona --budget 100  # ...
+    python -m benchmarks.bench_families --split test --items 48 --seeds 0 1 2 --budgets 25 40 100  # its section
 
 Per method and budget: the headline (union) ASR over the attack-eligible items with its Wilson interval, the ASR of
 each family's hardest prompt, and the width of the headline split and of the family split (diversity.py: the most
@@ -31,11 +30,10 @@ from typing import Any
 import numpy as np
 
 from benchmarks.bench_attack import held_out_ambiguous
-from benchmarks.bench_learner import SAVED, SPLITS, benchmark_items, run_file, run_folder, saved_at
+from benchmarks.bench_learner import SAVED, SPLITS, benchmark_items, run_folder, saved_at
 from benchmarks.common import BBQ, record
 from flexsearch.data.items import Item
 from flexsearch.engine.families import FAMILIES, family_record
-from flexsearch.files import read_json
 from flexsearch.objectives import attack_eligible, get_objective
 from flexsearch.results.differences import rate_difference
 from flexsearch.results.diversity import Encode, diversity, minilm_encoder
@@ -135,8 +133,8 @@ def budget_tables(items: list[Item], folder: Path, budgets: list[int], methods: 
                 flags = [_family_flags(found[m], family) for m in ("learned", baseline)]
                 diff = rate_difference(*flags[0], *flags[1])
                 if diff["value"] is not None:
-                    per_family.append(f"- budget {budget}, {family}: family search − {baseline} {diff['value']:+.3f} "
-                                      f"[{diff['ci'][0]:+.3f}, {diff['ci'][1]:+.3f}], exact p = {diff['p']:.3f}")
+                    per_family.append(f"- budget {budget}, {family}: family search − {baseline} "
+                                      f"{difference_text(diff)}")
         if "learned" in found and against in found:
             new, old = found["learned"], found[against]
             ranges = [(f"items 1-{len(items)}", np.ones(len(items), dtype=bool))]
@@ -149,8 +147,7 @@ def budget_tables(items: list[Item], folder: Path, budgets: list[int], methods: 
                 ratio = (new["union"] & ok_new).sum() / max(1, (old["union"] & ok_old).sum())
                 paired.append(f"- budget {budget}, {label}: learned {rate_text(new['union'][ok_new])}, {against} "
                               f"{rate_text(old['union'][ok_old])}: ratio {ratio:.2f}, difference "
-                              f"{diff['value']:+.3f} [{diff['ci'][0]:+.3f}, {diff['ci'][1]:+.3f}], exact p = "
-                              f"{diff['p']:.3f}")
+                              f"{difference_text(diff)}")
     return ["### ASR per family", "", *table, "", "### Width (successful rows)", "",
             "top template: the most common template's share of the template uses; top composition: the most common "
             "set of templates' share of the rows; effective: exp of the entropy of the template distribution; "
@@ -174,93 +171,138 @@ def report(args: argparse.Namespace, items: list[Item], folder: Path, encode: En
                                            encode))
 
 
-# the default against the family search before the headline's archive term, random, and random in one family
-BUDGET_METHODS = ("learned", "learned-narrow", "random", "random-persona", "random-instruction", "random-text")
+# on a dev/test split: the default, the family search before the headline's archive term (and that term at twice
+# the weight, tried on dev), plain random search, and random search restricted to each family
+SPLIT_METHODS = ("learned", "learned-narrow", "learned-headline2", "random", "random-persona", "random-instruction",
+                 "random-text")
+STRENGTH = 0.95  # issue 45's goals: the default's union ASR at least this share of learned-narrow's,
+TOP_TEMPLATE, EFFECTIVE_TEMPLATES = 0.25, 10.0  # and a family split whose top template holds at most this much
 
 
-def split_budgets_report(args: argparse.Namespace, encode: Encode) -> str:
-    """One seed of a dev/test split at several budgets: the goals' table of issue 45 (union and per-family ASR,
-    width, strength against learned-narrow, each family against random restricted to it)."""
-    seed = args.seeds[0]
-    items = benchmark_items(args.model, args.bbq, args.split, args.items, seed)
-    folder = run_folder(args.saved, args.model, args.split, len(items), seed)
-    intro = (f"The {args.split} split of bench_learner (templates no constant was chosen on; issue 46), {len(items)} "
-             f"ambiguous items, seed {seed}, stereotype objective, the default preset. `learned` is the default "
-             "(headline_coverage 1), `learned-narrow` the family search before the headline's archive term "
-             "(headline_coverage 0), `random` random search over every operator, `random-persona`, "
-             "`random-instruction` and `random-text` random search restricted to one family (each family's "
-             "baseline; plain random's composition family is the composition baseline). Random search's outcome "
-             "per item does not depend on the budget, so a run searched at a larger budget is read at a smaller one "
-             "(first success within it); a learned search is read only at the budget it ran at. ASR: k/n over the "
-             "attack-eligible items with the Wilson 95% interval; a family's ASR counts the eligible items whose "
-             "search scored a label-valid prompt of that family. Reference target `gemma3-bbq`: it reads whether a "
-             "context is ambiguous but not which person the evidence names (disambiguated accuracy 0.48).")
-    timings = [f"{saved['method']} b{saved['budget']} {saved['seconds']:.0f} s"
-               for saved in (read_json(path) for path in sorted(folder.glob("*-stereotype-b*.json")))
-               if saved["method"] in BUDGET_METHODS and saved["budget"] in args.budgets]
-    searches = ("Each search is `python -m benchmarks.bench_learner --split test --items 48 --seed 0 --search METHOD "
-                "--budget B`; wall time per search (one CPU thread each, two searches at a time beside other work on "
-                "the 2 cores): " + ", ".join(timings) + ".")
-    return "\n".join([intro, "", searches, "", *budget_tables(items, folder, args.budgets, BUDGET_METHODS,
-                                                             "learned-narrow", 0, encode)])
+def pooled_text(counts: list[tuple[int, int]]) -> str:
+    """k/n summed over the seeds (each seed's own rate is in the table with its interval)."""
+    return f"{sum(k for k, _ in counts)}/{sum(n for _, n in counts)}"
 
 
-# the default, the family search before the headline's archive term, and that term at twice the default's weight
-SPLIT_METHODS = ("learned", "learned-narrow", "learned-headline2")
-
-
-def split_seeds_report(args: argparse.Namespace, encode: Encode) -> str:
-    """Per seed and method on a dev/test split: union and per-family ASR, the width of both splits, and the default
-    against the family search without the headline's archive term (headline_coverage 0), paired over the items."""
-    table = ["| seed | method | union ASR | " + " | ".join(f"{f} ASR" for f in FAMILIES) + " | headline split | "
-             "family split |", "|" + "---|" * (5 + len(FAMILIES))]
+def split_report(args: argparse.Namespace, encode: Encode) -> str:
+    """The split's one section over seeds and budgets (issue 45's goals): per seed, budget and method the union and
+    per-family ASR and the width of both splits; per budget the goals over the seeds (strength against
+    learned-narrow, width, each family against random search restricted to it), with the paired differences."""
+    rows: list[str] = []
     paired: list[str] = []
-    pooled: dict[str, list[int]] = {m: [0, 0] for m in SPLIT_METHODS}
-    timings: list[str] = []  # each search's wall time (bench_learner saved it)
+    goals: list[str] = []
+    timings: list[str] = []
     for budget in args.budgets:
+        union: dict[str, list[tuple[int, int]]] = {m: [] for m in SPLIT_METHODS}
+        family_counts: dict[tuple[str, str], list[tuple[int, int]]] = {}  # (method, family) → (k, n) per seed
+        widths: list[bool] = []  # per seed: the default's family split meets both width goals
         for seed in args.seeds:
             items = benchmark_items(args.model, args.bbq, args.split, args.items, seed)
             folder = run_folder(args.saved, args.model, args.split, len(items), seed)
             found: dict[str, dict[str, Any]] = {}
             for method in SPLIT_METHODS:
-                path = run_file(folder, method, "stereotype", budget)
-                if not path.is_file():
+                run = saved_at(folder, method, budget)
+                if run is None:
                     continue
-                saved = read_json(path)
-                records = saved["records"]
-                timings.append(f"seed {seed} {method} b{budget} {saved['seconds']:.0f} s")
-                result = found[method] = outcomes(items, records, budget)
+                saved, searched_at = run
+                if searched_at == budget:
+                    timings.append(f"seed {seed} {method} b{budget} {saved['seconds']:.0f} s")
+                result = found[method] = outcomes(items, saved["records"], budget)
                 e = result["eligible"]
-                pooled[method][0] += int(result["union"][e].sum())
-                pooled[method][1] += int(e.sum())
-                cells = [family_rate_text(result, f) for f in FAMILIES]
-                headline, family = rows_of(items, records, budget, e)
-                table.append(f"| {seed} | {method} b{budget} | {rate_text(result['union'][e])} | " + " | ".join(cells)
-                             + f" | {width_text(diversity(headline, encode))} | "
-                             f"{width_text(diversity(family, encode))} |")
+                union[method].append((int(result["union"][e].sum()), int(e.sum())))
+                for family in FAMILIES:
+                    success, searched = _family_flags(result, family)
+                    if searched.any():
+                        family_counts.setdefault((method, family), []).append(
+                            (int(success[searched].sum()), int(searched.sum())))
+                headline, family_rows = rows_of(items, saved["records"], budget, e)
+                family_width = diversity(family_rows, encode)
+                if method == "learned":
+                    widths.append(family_width["top_template"] is not None
+                                  and family_width["top_template"]["share"] <= TOP_TEMPLATE
+                                  and family_width["effective_templates"] >= EFFECTIVE_TEMPLATES)
+                rows.append(f"| {budget} | {seed} | {method} | {searched_at} | {rate_text(result['union'][e])} | "
+                            + " | ".join(family_rate_text(result, f) for f in FAMILIES)
+                            + f" | {width_text(diversity(headline, encode))} | {width_text(family_width)} |")
             for method in ("learned", "learned-headline2"):
                 if method in found and "learned-narrow" in found:
                     new, old = found[method], found["learned-narrow"]
                     diff = rate_difference(new["union"], new["eligible"], old["union"], old["eligible"])
-                    paired.append(f"- budget {budget}, seed {seed}: {method} − learned-narrow {diff['value']:+.3f} "
-                                  f"[{diff['ci'][0]:+.3f}, {diff['ci'][1]:+.3f}], exact p = {diff['p']:.3f}")
-    ratio = [f"{m} {k}/{n}" for m, (k, n) in pooled.items() if n]  # a method searched on no seed is left out
+                    paired.append(f"- budget {budget}, seed {seed}: {method} − learned-narrow (union) "
+                                  f"{difference_text(diff)}")
+            for family, baseline in BASELINE.items():
+                if "learned" in found and baseline in found:
+                    diff = rate_difference(*_family_flags(found["learned"], family),
+                                           *_family_flags(found[baseline], family))
+                    if diff["value"] is not None:
+                        paired.append(f"- budget {budget}, seed {seed}: {family}, the default − {baseline} "
+                                      f"{difference_text(diff)}")
+        goals.append(goal_row(budget, union, family_counts, widths))
+    title = "the test split: templates no constant was chosen on" if args.split == "test" else \
+        "the dev split: its templates are where headline_coverage was chosen"
     return "\n".join([
-        f"The {args.split} split of bench_learner ("
-        + ("its templates are where headline_coverage was chosen" if args.split == "dev" else
-           "templates no constant was chosen on") + f"; issue 46): {args.items} "
-        f"ambiguous items a seed, seeds {', '.join(map(str, args.seeds))}, stereotype objective, the default preset. "
-        "`learned` is the default (headline_coverage 1), `learned-narrow` the family search as it was before "
-        "(headline_coverage 0), `learned-headline2` the term at weight 2. The weight was chosen on the dev split "
-        "(seeds 0 and 1, budget 40) by a rule written down before its second seed ran: of 1 and 2, the one with the "
-        "narrower family split whose pooled union ASR is at least 0.95 of learned-narrow's; only 1 passed (48/96 "
-        "and 46/96 against 50/96). ASR k/n over the attack-eligible "
-        "items with the Wilson 95% interval; width over the successful rows (top template: the most common "
-        "template's share of the template uses; effective: exp of the entropy of the template distribution).", "",
-        *table, "", "Union ASR against learned-narrow (paired over the items: Tango's interval, exact "
-        "McNemar):", "", *paired, "", f"Pooled over the seeds: {', '.join(ratio)}.", "",
+        f"bench_learner's {args.split} split ({title}; issue 46), {args.items} ambiguous items a seed, seeds "
+        f"{', '.join(map(str, args.seeds))} (each draws its own items and the search's draws), stereotype objective, "
+        "the default preset. `learned` is the default (headline_coverage 1), `learned-narrow` the family search "
+        "before the headline's archive term (headline_coverage 0: the default issue 45's strength goal is measured "
+        "against), `learned-headline2` the term at weight 2 (tried on dev), `random` random search over every "
+        "operator, `random-persona`, `random-instruction` and `random-text` random search restricted to one family "
+        "(each family's baseline; plain random's composition family is the composition baseline). headline_coverage "
+        "was chosen on the dev split (seeds 0 and 1, budget 40) by a rule written down before its second seed ran: of "
+        "1 and 2, the one with the narrower family split whose pooled union ASR is at least 0.95 of learned-narrow's; "
+        "only 1 passed (48/96 and 46/96 against 50/96). A random search's outcome per item does not depend on its "
+        "budget, so a run searched at a larger budget is read at a smaller one (first success within it; 'searched "
+        "at'); a learned search is read only at a budget it ran at. ASR: k/n over the attack-eligible items with the "
+        "Wilson 95% interval; a family's ASR counts the eligible items whose search scored a label-valid prompt of "
+        "that family, over those that searched it. Reference target `gemma3-bbq`: it reads whether a context is "
+        "ambiguous but not which person the evidence names (disambiguated accuracy 0.48), so these figures measure "
+        "the search, not a capable model's bias.", "",
+        "### Issue 45's goals per budget, over the seeds", "",
+        f"k/n summed over the seeds; strength: the default's union against learned-narrow's (goal ≥ {STRENGTH}); "
+        f"width: the seeds whose family split has its top template at most {TOP_TEMPLATE} of the template uses and "
+        f"at least {EFFECTIVE_TEMPLATES:.0f} effective templates; each family: the default's family ASR against "
+        "random search restricted to it (composition: against plain random), met where its summed rate is at least "
+        "the baseline's. Each seed's paired difference is below the table.", "",
+        "| budget | strength | width | " + " | ".join(FAMILIES) + " |", "|" + "---|" * (3 + len(FAMILIES)),
+        *goals, "",
+        "### ASR per family and width, per seed", "",
+        "top template: the most common template's share of the template uses; top composition: the most common set "
+        "of templates' share of the rows; effective: exp of the entropy of the template distribution; cosine: mean "
+        "pairwise MiniLM cosine of the added attack texts (over the successful rows).", "",
+        "| budget | seed | method | searched at | union ASR | " + " | ".join(f"{f} ASR" for f in FAMILIES)
+        + " | headline split | family split |", "|" + "---|" * (7 + len(FAMILIES)), *rows, "",
+        "### Paired differences per seed (Tango's interval, exact McNemar; a family over the items both searched it)",
+        "", *paired, "",
         f"Wall time per search (`python -m benchmarks.bench_learner --split {args.split} --items {args.items} --seed S "
-        f"--search METHOD --budget B`): {', '.join(timings)}."])
+        f"--search METHOD --budget B`, one CPU thread each, two at a time on the 2 cores): {', '.join(timings)}."])
+
+
+def difference_text(diff: dict[str, Any]) -> str:
+    return f"{diff['value']:+.3f} [{diff['ci'][0]:+.3f}, {diff['ci'][1]:+.3f}], exact p = {diff['p']:.3f}"
+
+
+def goal_row(budget: int, union: dict[str, list[tuple[int, int]]],
+             family_counts: dict[tuple[str, str], list[tuple[int, int]]], widths: list[bool]) -> str:
+    """One budget's line of the goals' table: each goal's summed counts and whether it is met ('-': not run)."""
+    def share(counts: list[tuple[int, int]]) -> float:
+        return sum(k for k, _ in counts) / max(1, sum(n for _, n in counts))
+
+    new, old = union["learned"], union["learned-narrow"]
+    strength = "-"
+    if new and len(new) == len(old):
+        ratio = sum(k for k, _ in new) / max(1, sum(k for k, _ in old))
+        strength = (f"{pooled_text(new)} vs {pooled_text(old)} = {ratio:.2f}: "
+                    f"{'met' if ratio >= STRENGTH else '**not met**'}")
+    width = f"{sum(widths)} of {len(widths)} seeds" if widths else "-"
+    cells = []
+    for family in FAMILIES:
+        mine, theirs = family_counts.get(("learned", family), []), family_counts.get((BASELINE[family], family), [])
+        if not mine or len(mine) != len(theirs):
+            cells.append(f"{pooled_text(mine)} (no baseline on every seed)" if mine else "-")
+            continue
+        met = share(mine) >= share(theirs)
+        cells.append(f"{pooled_text(mine)} vs {pooled_text(theirs)}: {'met' if met else '**not met**'}")
+    return f"| {budget} | {strength} | {width} | " + " | ".join(cells) + " |"
 
 
 def main() -> None:
@@ -274,17 +316,9 @@ def main() -> None:
     parser.add_argument("--saved", type=Path, default=SAVED)
     parser.add_argument("--split", choices=SPLITS, default="all", help="dev or test: the split's report over --seeds")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
-    parser.add_argument("--by-budget", action="store_true", help="with --split: the first seed at every --budgets, "
-                        "with random search restricted to each family")
     args = parser.parse_args()
-    if args.split != "all" and args.by_budget:
-        record(f"Attack families on the {args.split} split by budget (issue 45)", split_budgets_report(args,
-                                                                                                    minilm_encoder()))
-        return
     if args.split != "all":
-        at = "" if args.budgets == [40] else f" at budget {', '.join(map(str, args.budgets))}"  # 40: the default's
-        record(f"Attack families on the {args.split} split over seeds{at} (issue 45)",
-               split_seeds_report(args, minilm_encoder()))
+        record(f"Attack families on the {args.split} split over seeds (issue 45)", split_report(args, minilm_encoder()))
         return
     items = held_out_ambiguous(args.model, args.bbq, args.items, args.seed)
     folder = run_folder(args.saved, args.model, "all", len(items), args.seed)
