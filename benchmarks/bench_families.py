@@ -1,22 +1,18 @@
 """How wide and how strong the split is per attack family (issue 45), from searches bench_learner saved.
 
-    python -m benchmarks.bench_learner --items 120 --search learned --budget 40          # the family search (default)
-    python -m benchmarks.bench_learner --items 120 --search learned-blind --budget 40    # the default before families
-    python -m benchmarks.bench_learner --items 120 --search random --budget 40   # and random-persona,
-                                                                                 # random-instruction, random-text
-    python -m benchmarks.bench_families --items 120 --budgets 25 40                      # the RESULTS section
-    python -m benchmarks.bench_learner --split test --items 48 --seed 1 --search learned-narrow --budget 40
-    python -m benchmarks.bench_learner --split test --items 48 --seed 0 --search random-persona --budget 100  # ...
+    python -m benchmarks.bench_learner --split test --items 48 --seed S --search METHOD --budget B
+        # S 0, 1, 2; METHOD learned and learned-narrow at B 25, 40, 100, and random, random-persona,
+        # random-instruction, random-text at 100 (read at the smaller budgets)
     python -m benchmarks.bench_families --split test --items 48 --seeds 0 1 2 --budgets 25 40 100  # its section
 
-Per method and budget: the headline (union) ASR over the attack-eligible items with its Wilson interval, the ASR of
-each family's hardest prompt, and the width of the headline split and of the family split (diversity.py: the most
-common template's share of the template uses, the most common composition's share of the successful rows, the
-effective number of templates, the mean pairwise MiniLM cosine of the added attack texts). The family search against
-the family-blind learned default: the paired difference of the union ASR (differences.rate_difference, Tango's
-interval and the exact McNemar test), over all items and over the items after `--chosen-on` (those the family
-search's settings were not chosen on). Random search restricted to one family is that family's baseline; plain
-random's composition family is the composition baseline. A budget below the searched one reads first successes
+Per seed, budget and method: the headline (union) ASR over the attack-eligible items with its Wilson interval, the
+ASR of each family's hardest prompt, and the width of the headline split and of the family split (diversity.py: the
+most common template's share of the template uses, the most common composition's share of the successful rows, the
+effective number of templates, the mean pairwise MiniLM cosine of the added attack texts). Per budget, issue 45's
+goals over the seeds: the default's union ASR against the family search before the headline's archive term
+(learned-narrow), the family split's width, and each family against random search restricted to it (plain random's
+composition family is the composition baseline), with each seed's paired difference (differences.rate_difference:
+Tango's interval, the exact McNemar test). A budget below the searched one reads first successes
 (`first_success_query <= budget`, per family too): exact for random, whose per-item search does not depend on the
 budget; a learned search is reported only at a budget it was searched at.
 """
@@ -29,7 +25,6 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.bench_attack import held_out_ambiguous
 from benchmarks.bench_learner import SAVED, SPLITS, benchmark_items, run_folder, saved_at
 from benchmarks.common import BBQ, record
 from flexsearch.data.items import Item
@@ -40,7 +35,6 @@ from flexsearch.results.diversity import Encode, diversity, minilm_encoder
 from flexsearch.results.metrics import proportion
 from flexsearch.results.split import split_row
 
-METHODS = ("learned", "learned-blind", "random", "random-persona", "random-instruction", "random-text")
 BASELINE = {"persona": "random-persona", "instruction": "random-instruction", "text": "random-text",
             "composition": "random"}
 
@@ -100,75 +94,6 @@ def width_text(measures: dict[str, Any]) -> str:
     return (f"{measures['successful_rows']} rows; top template {top['key']} {top['share']:.2f}; top composition "
             f"{composition['share']:.2f}; effective {measures['effective_templates']:.1f}; cosine "
             f"{'-' if cosine is None else f'{cosine:.2f}'}")
-
-
-def budget_tables(items: list[Item], folder: Path, budgets: list[int], methods: tuple[str, ...], against: str,
-                  chosen_on: int, encode: Encode) -> list[str]:
-    """Per budget and method: union and per-family ASR, the width of both splits, the default against `against`
-    (paired over all items, and over the items after `chosen_on` when that is not 0), and each family of the default
-    against random search restricted to it."""
-    header = ["method", "budget", "searched at", "union ASR", *(f"{f} ASR" for f in FAMILIES)]
-    table = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    widths = ["| method | budget | headline split | family split |", "|---|---|---|---|"]
-    paired: list[str] = []
-    per_family: list[str] = []
-    for budget in budgets:
-        found: dict[str, dict[str, Any]] = {}
-        for method in methods:
-            run = saved_at(folder, method, budget)
-            if run is None:
-                continue
-            saved, searched_at = run
-            records = saved["records"]
-            result = outcomes(items, records, budget)
-            found[method] = result
-            e = result["eligible"]
-            cells = [rate_text(result["union"][e]), *(family_rate_text(result, f) for f in FAMILIES)]
-            table.append(f"| {method} | {budget} | {searched_at} | " + " | ".join(cells) + " |")
-            headline, family_rows = rows_of(items, records, budget, e)
-            widths.append(f"| {method} | {budget} | {width_text(diversity(headline, encode))} | "
-                          f"{width_text(diversity(family_rows, encode))} |")
-        for family, baseline in BASELINE.items():
-            if "learned" in found and baseline in found:
-                flags = [_family_flags(found[m], family) for m in ("learned", baseline)]
-                diff = rate_difference(*flags[0], *flags[1])
-                if diff["value"] is not None:
-                    per_family.append(f"- budget {budget}, {family}: family search − {baseline} "
-                                      f"{difference_text(diff)}")
-        if "learned" in found and against in found:
-            new, old = found["learned"], found[against]
-            ranges = [(f"items 1-{len(items)}", np.ones(len(items), dtype=bool))]
-            if chosen_on:
-                ranges.append((f"items {chosen_on + 1}-{len(items)}", np.arange(len(items)) >= chosen_on))
-            for label, keep in ranges:
-                diff = rate_difference(new["union"] & keep, new["eligible"] & keep, old["union"] & keep,
-                                       old["eligible"] & keep)
-                ok_new, ok_old = new["eligible"] & keep, old["eligible"] & keep
-                ratio = (new["union"] & ok_new).sum() / max(1, (old["union"] & ok_old).sum())
-                paired.append(f"- budget {budget}, {label}: learned {rate_text(new['union'][ok_new])}, {against} "
-                              f"{rate_text(old['union'][ok_old])}: ratio {ratio:.2f}, difference "
-                              f"{difference_text(diff)}")
-    return ["### ASR per family", "", *table, "", "### Width (successful rows)", "",
-            "top template: the most common template's share of the template uses; top composition: the most common "
-            "set of templates' share of the rows; effective: exp of the entropy of the template distribution; "
-            "cosine: mean pairwise MiniLM cosine of the added attack texts.", "", *widths, "",
-            f"### Union ASR: the default against {against} (paired: Tango's interval, exact McNemar)", "", *paired, "",
-            "### Each family: the default against random search restricted to it (paired on the items both "
-            "searched the family on)", "", *per_family]
-
-
-def report(args: argparse.Namespace, items: list[Item], folder: Path, encode: Encode) -> str:
-    lines = [f"{len(items)} held-out ambiguous items of `{args.model}` (bench_learner's, seed {args.seed}), stereotype "
-             "objective, the default preset's operators (persona, instruction, TextBugger). ASR: k/n over the "
-             "attack-eligible items with the Wilson 95% interval; a family's ASR counts the eligible items whose "
-             "search scored a label-valid prompt of that family. The family search's settings (family_share 0.2, "
-             f"coverage 0.5) were chosen after trying family_slots 1 on items 1-{args.chosen_on} of these; the rows "
-             f"'items {args.chosen_on + 1}-{len(items)}' leave those out. The archive by template and the widening "
-             "rule (a family whose success repeats the archive stays open for rarer templates) have no constant; "
-             "they were checked first on 40 development items from the 4 held-out templates these 120 do not use.",
-             ""]
-    return "\n".join(lines + budget_tables(items, folder, args.budgets, METHODS, "learned-blind", args.chosen_on,
-                                           encode))
 
 
 # on a dev/test split: the default, the family search before the headline's archive term (and that term at twice
@@ -309,20 +234,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="gemma3-bbq")
     parser.add_argument("--bbq", type=Path, default=BBQ)
-    parser.add_argument("--items", type=int, default=120)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--budgets", type=int, nargs="+", default=[25, 40])
-    parser.add_argument("--chosen-on", type=int, default=24, help="the first items the family settings were chosen on")
+    parser.add_argument("--items", type=int, default=48)
+    parser.add_argument("--split", choices=[s for s in SPLITS if s != "all"], default="test",
+                        help="bench_learner's development or test split (split_templates)")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--budgets", type=int, nargs="+", default=[25, 40, 100])
     parser.add_argument("--saved", type=Path, default=SAVED)
-    parser.add_argument("--split", choices=SPLITS, default="all", help="dev or test: the split's report over --seeds")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     args = parser.parse_args()
-    if args.split != "all":
-        record(f"Attack families on the {args.split} split over seeds (issue 45)", split_report(args, minilm_encoder()))
-        return
-    items = held_out_ambiguous(args.model, args.bbq, args.items, args.seed)
-    folder = run_folder(args.saved, args.model, "all", len(items), args.seed)
-    record("Attack families: a split as wide as FLEX (issue 45)", report(args, items, folder, minilm_encoder()))
+    record(f"Attack families on the {args.split} split over seeds (issue 45)", split_report(args, minilm_encoder()))
 
 
 if __name__ == "__main__":

@@ -91,16 +91,17 @@ def record(title: str, body: str) -> None:
 CONTENTS = ("<!-- contents: rebuilt by benchmarks.common.record -->", "<!-- /contents -->")
 
 
-def with_section(document: str, title: str, section: str) -> str:
-    """The document with `section` in place of the one headed `## title` (appended when there is none), and its
-    contents list (between the CONTENTS markers) rebuilt from the section headings."""
-    head, *sections = re.split(r"(?m)^(?=## )", document)
-    titles = [s.splitlines()[0][3:].strip() for s in sections]
-    text = section.strip() + "\n\n"
-    if title in titles:
-        sections[titles.index(title)] = text
+def with_section(document: str, title: str, section: str | None) -> str:
+    """The document with `section` in place of the one headed `## title` (appended when there is none; None removes
+    it), and its contents list (between the CONTENTS markers) rebuilt from the section headings."""
+    head, titles, sections = split_sections(document)
+    if section is None:
+        sections.pop(titles.index(title))
+        titles.remove(title)
+    elif title in titles:
+        sections[titles.index(title)] = section.strip() + "\n\n"
     else:
-        sections.append(text)
+        sections.append(section.strip() + "\n\n")
         titles.append(title)
     if sections and not sections[-1].endswith("\n\n"):
         sections[-1] = sections[-1].rstrip() + "\n\n"
@@ -111,6 +112,47 @@ def with_section(document: str, title: str, section: str) -> str:
     return (head + "".join(sections)).rstrip() + "\n"
 
 
+def split_sections(document: str) -> tuple[str, list[str], list[str]]:
+    """(the text before the first `## ` heading, the section titles, the sections with their headings)."""
+    head, *sections = re.split(r"(?m)^(?=## )", document)
+    return head, [s.splitlines()[0][3:].strip() for s in sections], sections
+
+
+EXPERIMENTS = ROOT / "benchmarks" / "EXPERIMENTS.md"
+
+
+def logged(results: str, experiments: str, title: str, logged_as: str, why: str) -> tuple[str, str]:
+    """(RESULTS.md without the section `title`, EXPERIMENTS.md with it first as `logged_as`, saying why it left:
+    the log is newest first)."""
+    _, titles, sections = split_sections(results)
+    if title not in titles:
+        raise SystemExit(f"RESULTS.md has no section {title!r}")
+    body = sections[titles.index(title)].split("\n", 1)[1].strip()
+    head, _, entries = split_sections(experiments)
+    entry = f"## {logged_as}\n\nWhy it left RESULTS.md: {why}\n\n{body}\n\n"
+    return with_section(results, title, None), head + entry + "".join(entries).rstrip() + "\n"
+
+
+def retire(title: str, logged_as: str, why: str) -> None:
+    """Moves a section that no longer holds a benchmark's current figures from RESULTS.md to EXPERIMENTS.md."""
+    results, experiments = logged(RESULTS.read_text(encoding="utf-8"), EXPERIMENTS.read_text(encoding="utf-8"),
+                                  title, logged_as, why)
+    atomic_write_text(EXPERIMENTS, experiments)
+    atomic_write_text(RESULTS, results)
+
+
 def anchor(title: str) -> str:
     """GitHub's link target for a heading: lower case, punctuation dropped, spaces as hyphens."""
     return re.sub(r"[^\w\- ]", "", title.lower()).replace(" ", "-")
+
+
+if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Move a RESULTS.md section to EXPERIMENTS.md (superseded runs, "
+                                     "recipes not kept), rebuilding the contents list.")
+    parser.add_argument("title", help="the section's title in RESULTS.md")
+    parser.add_argument("--as", dest="logged_as", required=True, help="its title in EXPERIMENTS.md")
+    parser.add_argument("--why", required=True, help="why it left RESULTS.md (one sentence or two)")
+    options = parser.parse_args()
+    retire(options.title, options.logged_as, options.why)

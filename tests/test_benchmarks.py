@@ -209,6 +209,23 @@ def test_a_recorded_section_replaces_its_namesake_and_the_contents_follow() -> N
     assert added.count("## Speed: one") == 1 and "stale" not in added
 
 
+def test_a_retired_section_leaves_results_for_the_top_of_the_experiments_log() -> None:
+    """Superseded figures move, they are not copied: the section leaves RESULTS.md and its contents list, and opens
+    EXPERIMENTS.md (newest first) under its new title with why it left, its body unchanged (issue 47)."""
+    from benchmarks.common import logged
+
+    start, end = CONTENTS
+    results = with_section(with_section(f"# Results\n\n{start}\n{end}\n", "Speed", "## Speed\n\nfast\n"),
+                           "Families at 25", "## Families at 25\n\n2026-12-05\n\n18/48\n")
+    log = "# Experiments log\n\nNewest first.\n\n## Older run\n\nold\n"
+    results, log = logged(results, log, "Families at 25", "Families at 25 (issue 45, superseded)", "merged.")
+    assert "18/48" not in results and "Families at 25" not in results and "- [Speed](#speed)" in results
+    assert log.index("## Families at 25 (issue 45, superseded)") < log.index("## Older run")
+    assert "Why it left RESULTS.md: merged.\n\n2026-12-05\n\n18/48\n" in log and log.startswith("# Experiments")
+    with pytest.raises(SystemExit, match="no section"):
+        logged(results, log, "Families at 25", "again", "twice")
+
+
 def test_results_holds_one_section_per_title_and_none_the_experiments_log_holds() -> None:
     """A section lives in one place (issue 47): RESULTS.md never repeats a title, its contents list matches its
     headings, and a run moved to EXPERIMENTS.md (superseded, or a recipe not kept) is not also in RESULTS.md."""
