@@ -1,16 +1,17 @@
 """How wide and how strong the split is per attack family (issue 45), from searches bench_learner saved.
 
     python -m benchmarks.bench_learner --split test --items 48 --seed S --search METHOD --budget B
-        # S 0, 1, 2; METHOD learned and learned-narrow at B 25, 40, 100, and random, random-persona,
-        # random-instruction, random-text at 100 (read at the smaller budgets)
+        # S 0, 1, 2; METHOD learned, learned-blind and learned-narrow at B 25, 40, 100, and random,
+        # random-persona, random-instruction, random-text at 100 (read at the smaller budgets)
     python -m benchmarks.bench_families --split test --items 48 --seeds 0 1 2 --budgets 25 40 100  # its section
 
 Per seed, budget and method: the headline (union) ASR over the attack-eligible items with its Wilson interval, the
 ASR of each family's hardest prompt, and the width of the headline split and of the family split (diversity.py: the
 most common template's share of the template uses, the most common composition's share of the successful rows, the
 effective number of templates, the mean pairwise MiniLM cosine of the added attack texts). Per budget, issue 45's
-goals over the seeds: the default's union ASR against the family search before the headline's archive term
-(learned-narrow), the family split's width, and each family against random search restricted to it (plain random's
+goals over the seeds: the default's union ASR against the learned default when the issue was filed (learned-blind,
+the goal's baseline) and against the family search before the headline's archive term (learned-narrow), the family
+split's width, and each family against random search restricted to it (plain random's
 composition family is the composition baseline), with each seed's paired difference (differences.rate_difference:
 Tango's interval, the exact McNemar test). A budget below the searched one reads first successes
 (`first_success_query <= budget`, per family too): exact for random, whose per-item search does not depend on the
@@ -96,11 +97,12 @@ def width_text(measures: dict[str, Any]) -> str:
             f"{'-' if cosine is None else f'{cosine:.2f}'}")
 
 
-# on a dev/test split: the default, the family search before the headline's archive term (and that term at twice
-# the weight, tried on dev), plain random search, and random search restricted to each family
-SPLIT_METHODS = ("learned", "learned-narrow", "learned-headline2", "random", "random-persona", "random-instruction",
-                 "random-text")
-STRENGTH = 0.95  # issue 45's goals: the default's union ASR at least this share of learned-narrow's,
+# on a dev/test split: the default, the learned default when issue 45 was filed (family-blind), the family search
+# before the headline's archive term (and that term at twice the weight, tried on dev), plain random search, and
+# random search restricted to each family
+SPLIT_METHODS = ("learned", "learned-blind", "learned-narrow", "learned-headline2", "random", "random-persona",
+                 "random-instruction", "random-text")
+STRENGTH = 0.95  # issue 45's goals: the default's union ASR at least this share of the earlier learned search's,
 TOP_TEMPLATE, EFFECTIVE_TEMPLATES = 0.25, 10.0  # and a family split whose top template holds at most this much
 
 
@@ -149,11 +151,12 @@ def split_report(args: argparse.Namespace, encode: Encode) -> str:
                 rows.append(f"| {budget} | {seed} | {method} | {searched_at} | {rate_text(result['union'][e])} | "
                             + " | ".join(family_rate_text(result, f) for f in FAMILIES)
                             + f" | {width_text(diversity(headline, encode))} | {width_text(family_width)} |")
-            for method in ("learned", "learned-headline2"):
-                if method in found and "learned-narrow" in found:
-                    new, old = found[method], found["learned-narrow"]
+            for method, against in (("learned", "learned-blind"), ("learned", "learned-narrow"),
+                                    ("learned-headline2", "learned-narrow")):
+                if method in found and against in found:
+                    new, old = found[method], found[against]
                     diff = rate_difference(new["union"], new["eligible"], old["union"], old["eligible"])
-                    paired.append(f"- budget {budget}, seed {seed}: {method} − learned-narrow (union) "
+                    paired.append(f"- budget {budget}, seed {seed}: {method} − {against} (union) "
                                   f"{difference_text(diff)}")
             for family, baseline in BASELINE.items():
                 if "learned" in found and baseline in found:
@@ -168,9 +171,10 @@ def split_report(args: argparse.Namespace, encode: Encode) -> str:
     return "\n".join([
         f"bench_learner's {args.split} split ({title}; issue 46), {args.items} ambiguous items a seed, seeds "
         f"{', '.join(map(str, args.seeds))} (each draws its own items and the search's draws), stereotype objective, "
-        "the default preset. `learned` is the default (headline_coverage 1), `learned-narrow` the family search "
-        "before the headline's archive term (headline_coverage 0: the default issue 45's strength goal is measured "
-        "against), `learned-headline2` the term at weight 2 (tried on dev), `random` random search over every "
+        "the default preset. `learned` is the default (headline_coverage 1), `learned-blind` the learned default "
+        "when issue 45 was filed (family-blind, `families=[]`: it stops at the first success; the goal's 'today's "
+        "learned default'), `learned-narrow` the family search before the headline's archive term (headline_coverage "
+        "0), `learned-headline2` the term at weight 2 (tried on dev), `random` random search over every "
         "operator, `random-persona`, `random-instruction` and `random-text` random search restricted to one family "
         "(each family's baseline; plain random's composition family is the composition baseline). headline_coverage "
         "was chosen on the dev split (seeds 0 and 1, budget 40) by a rule written down before its second seed ran: of "
@@ -183,12 +187,14 @@ def split_report(args: argparse.Namespace, encode: Encode) -> str:
         "ambiguous but not which person the evidence names (disambiguated accuracy 0.48), so these figures measure "
         "the search, not a capable model's bias.", "",
         "### Issue 45's goals per budget, over the seeds", "",
-        f"k/n summed over the seeds; strength: the default's union against learned-narrow's (goal ≥ {STRENGTH}); "
+        f"k/n summed over the seeds; strength: the default's union against learned-blind's, the goal's baseline "
+        f"(≥ {STRENGTH}), and against learned-narrow's; "
         f"width: the seeds whose family split has its top template at most {TOP_TEMPLATE} of the template uses and "
         f"at least {EFFECTIVE_TEMPLATES:.0f} effective templates; each family: the default's family ASR against "
         "random search restricted to it (composition: against plain random), met where its summed rate is at least "
         "the baseline's. Each seed's paired difference is below the table.", "",
-        "| budget | strength | width | " + " | ".join(FAMILIES) + " |", "|" + "---|" * (3 + len(FAMILIES)),
+        "| budget | strength (against learned-blind) | against learned-narrow | width | " + " | ".join(FAMILIES)
+        + " |", "|" + "---|" * (4 + len(FAMILIES)),
         *goals, "",
         "### ASR per family and width, per seed", "",
         "top template: the most common template's share of the template uses; top composition: the most common set "
@@ -212,12 +218,15 @@ def goal_row(budget: int, union: dict[str, list[tuple[int, int]]],
     def share(counts: list[tuple[int, int]]) -> float:
         return sum(k for k, _ in counts) / max(1, sum(n for _, n in counts))
 
-    new, old = union["learned"], union["learned-narrow"]
-    strength = "-"
-    if new and len(new) == len(old):
+    strength = []
+    for against in ("learned-blind", "learned-narrow"):
+        new, old = union["learned"], union[against]
+        if not new or len(new) != len(old):
+            strength.append("-")
+            continue
         ratio = sum(k for k, _ in new) / max(1, sum(k for k, _ in old))
-        strength = (f"{pooled_text(new)} vs {pooled_text(old)} = {ratio:.2f}: "
-                    f"{'met' if ratio >= STRENGTH else '**not met**'}")
+        strength.append(f"{pooled_text(new)} vs {pooled_text(old)} = {ratio:.2f}: "
+                        f"{'met' if ratio >= STRENGTH else '**not met**'}")
     width = f"{sum(widths)} of {len(widths)} seeds" if widths else "-"
     cells = []
     for family in FAMILIES:
@@ -227,7 +236,7 @@ def goal_row(budget: int, union: dict[str, list[tuple[int, int]]],
             continue
         met = share(mine) >= share(theirs)
         cells.append(f"{pooled_text(mine)} vs {pooled_text(theirs)}: {'met' if met else '**not met**'}")
-    return f"| {budget} | {strength} | {width} | " + " | ".join(cells) + " |"
+    return f"| {budget} | {' | '.join(strength)} | {width} | " + " | ".join(cells) + " |"
 
 
 def main() -> None:
