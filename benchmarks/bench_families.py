@@ -113,8 +113,8 @@ def pooled_text(counts: list[tuple[int, int]]) -> str:
 
 def split_report(args: argparse.Namespace, encode: Encode) -> str:
     """The split's one section over seeds and budgets (issue 45's goals): per seed, budget and method the union and
-    per-family ASR and the width of both splits; per budget the goals over the seeds (strength against
-    learned-narrow, width, each family against random search restricted to it), with the paired differences."""
+    per-family ASR and the width of both splits; per budget the goals over the seeds (strength against learned-blind
+    and learned-narrow, width, each family against random search restricted to it), with the paired differences."""
     rows: list[str] = []
     paired: list[str] = []
     goals: list[str] = []
@@ -166,10 +166,10 @@ def split_report(args: argparse.Namespace, encode: Encode) -> str:
                         paired.append(f"- budget {budget}, seed {seed}: {family}, the default − {baseline} "
                                       f"{difference_text(diff)}")
         goals.append(goal_row(budget, union, family_counts, widths))
-    title = "the test split: templates no constant was chosen on" if args.split == "test" else \
-        "the dev split: its templates are where headline_coverage was chosen"
+    about = "templates no constant was chosen on" if args.split == "test" else \
+        "its templates are where headline_coverage was chosen"
     return "\n".join([
-        f"bench_learner's {args.split} split ({title}; issue 46), {args.items} ambiguous items a seed, seeds "
+        f"bench_learner's {args.split} split ({about}; issue 46), {args.items} ambiguous items a seed, seeds "
         f"{', '.join(map(str, args.seeds))} (each draws its own items and the search's draws), stereotype objective, "
         "the default preset. `learned` is the default (headline_coverage 1), `learned-blind` the learned default "
         "when issue 45 was filed (family-blind, `families=[]`: it stops at the first success; the goal's 'today's "
