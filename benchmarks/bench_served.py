@@ -125,7 +125,7 @@ def main() -> None:
         else:
             server = LlamaServer(embedded_gguf(), threads=threads, log=log)
             served_by = "llama-cpp-python's server (`python -m llama_cpp.server --logits_all true`)"
-            title = "Served targets: in process vs a llama.cpp server"
+            title = "Served targets: in process vs llama-cpp-python's server"
         with server:
             body = measured(args, server, Path(scratch))
     record(title, f"SmolLM2-135M-Instruct GGUF (Q4_1) in process (transformers dequantizes it to fp32) and behind "
