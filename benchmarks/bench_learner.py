@@ -84,8 +84,9 @@ SEARCHES: dict[str, tuple[str, list[str]]] = {  # method → (preset, overrides)
 SAVED = ROOT / "runs" / "bench_learner"
 
 
+FAMILY_BASELINES = ("random-persona", "random-instruction", "random-text")  # bench_families reports these
 # searches whose per-item outcome does not depend on the budget: a run at a larger budget is read at a smaller one
-PER_ITEM = ("random", "random-screen", "beam", "random-persona", "random-instruction", "random-text")
+PER_ITEM = ("random", "random-screen", "beam", *FAMILY_BASELINES)
 EXACT_AT_SMALLER = (*PER_ITEM, "prior", "fixed")  # prior and fixed stop at a success too
 SPLITS = ("all", "dev", "test")
 DEV_TEMPLATES_PER_CATEGORY = 2
@@ -138,6 +139,13 @@ def saved_at(folder: Path, method: str, budget: int, objective: str = "stereotyp
     if not searched or (searched[0] != budget and method not in EXACT_AT_SMALLER and not any_larger):
         return None
     return read_saved(run_file(folder, method, objective, searched[0])), searched[0]
+
+
+def reported_methods(folders: list[Path]) -> list[str]:
+    """The methods with a saved run in any of the folders, in the report's order (the family baselines are
+    bench_families')."""
+    return [m for m in (*SEARCHES, "prior", "fixed")
+            if m not in FAMILY_BASELINES and any(m in saved_methods(folder) for folder in folders)]
 
 
 def read_saved(path: Path) -> dict[str, Any]:
@@ -268,7 +276,7 @@ def report(args: argparse.Namespace, items: list[Item], folder: Path) -> None:
              "half attacked with the learner of the learned run's other half, frozen: templates and pairs ranked by "
              "one Thompson draw per arm and scored in that order until a success) and `fixed` the other half's best "
              "single template alone. ASR k/n with Wilson 95% intervals.", ""]
-    methods = [m for m in (*SEARCHES, "prior", "fixed") if m in saved_methods(folder)]
+    methods = reported_methods([folder])
     header = ["method", *(f"ASR@{b}" for b in args.budgets), f"area under ASR-vs-queries (0-{top})",
               f"median queries to first success (@{top})", f"mean queries/item (@{top})", f"minutes (@{top})"]
     rows = []
@@ -491,7 +499,7 @@ def seeds_report(args: argparse.Namespace) -> None:
         found = saved_at(folder, method, budget)
         return None if found is None else found[0]
 
-    methods = [m for m in (*SEARCHES, "prior", "fixed") if any(m in saved_methods(folder) for _, folder, _, _ in seeds)]
+    methods = reported_methods([folder for _, folder, _, _ in seeds])
     rows = []
     for budget in args.budgets:
         for method in methods:

@@ -137,7 +137,7 @@ def test_the_benchmarks_read_random_at_smaller_budgets_and_a_learned_search_only
     success), so its b100 run answers for b25 and b40; a learned search is read only at a budget it was searched at
     (its choices depend on the budget), unless the caller asks for a larger run to mark."""
     from benchmarks.bench_families import outcomes, within
-    from benchmarks.bench_learner import run_file, saved_at, saved_methods
+    from benchmarks.bench_learner import reported_methods, run_file, saved_at, saved_methods
     from flexsearch.files import atomic_write_json
 
     for method, budget in (("random", 100), ("random-persona", 40), ("learned", 25), ("learned", 100),
@@ -160,6 +160,7 @@ def test_the_benchmarks_read_random_at_smaller_budgets_and_a_learned_search_only
     found = saved_at(tmp_path, "beam", 40, "anti_stereotype")
     assert found is not None and found[1] == 100
     assert saved_methods(tmp_path) == {"random", "random-persona", "learned", "prior", "random-screen", "beam"}
+    assert reported_methods([tmp_path]) == ["learned", "beam", "random", "random-screen", "prior"]  # families' apart
     assert within(40, 40) and not within(41, 40) and not within(None, 100)
     item_records = [{"clean_probs": [0.1, 0.8, 0.1], "first_success_query": 30,
                      "families": {"persona": {"first_success_query": 30}, "text": {"first_success_query": None}}}]
