@@ -490,7 +490,10 @@ def seeds_report(args: argparse.Namespace) -> None:
              f"{', '.join(map(str, args.seeds))}: each draws its own items and the search's own draws. ASR k/n over "
              "the attack-eligible items; a per-item method (random, random-screen, beam) and prior and fixed (they "
              "stop at a success) read smaller budgets from a larger run's first successes, a learned one only at a "
-             "budget it searched. `prior` samples from the learned prior without search and `fixed` applies the best "
+             "budget it searched. `learned` is the default (the family search), `learned-blind` the learned search "
+             "before attack families (`families=[]`: it stops at the first success), `learned-noscreen` the default "
+             "without the screen, `random-screen` random search with it, `beam` the default before the learner. "
+             "`prior` samples from the learned prior without search and `fixed` applies the best "
              "single template, each half of the items with the learner of the learned b100 run's other half "
              "(prior_sampled).",
              ""]
