@@ -192,7 +192,8 @@ def split_report(args: argparse.Namespace, encode: Encode) -> str:
         f"width: the seeds whose family split has its top template at most {TOP_TEMPLATE} of the template uses and "
         f"at least {EFFECTIVE_TEMPLATES:.0f} effective templates; each family: the default's family ASR against "
         "random search restricted to it (composition: against plain random), met where its summed rate is at least "
-        "the baseline's. Each seed's paired difference is below the table.", "",
+        "the baseline's; '-': a method not run on every seed (learned-narrow's earlier runs, at each budget, are in "
+        "EXPERIMENTS.md). Each seed's paired difference is below the table.", "",
         "| budget | strength (against learned-blind) | against learned-narrow | width | " + " | ".join(FAMILIES)
         + " |", "|" + "---|" * (4 + len(FAMILIES)),
         *goals, "",
