@@ -119,13 +119,15 @@ def split_report(args: argparse.Namespace, encode: Encode) -> str:
     paired: list[str] = []
     goals: list[str] = []
     timings: list[str] = []
+    seeds = []  # each seed's items and saved runs, drawn once for every budget
+    for seed in args.seeds:
+        items = benchmark_items(args.model, args.bbq, args.split, args.items, seed)
+        seeds.append((seed, items, run_folder(args.saved, args.model, args.split, len(items), seed)))
     for budget in args.budgets:
         union: dict[str, list[tuple[int, int]]] = {m: [] for m in SPLIT_METHODS}
         family_counts: dict[tuple[str, str], list[tuple[int, int]]] = {}  # (method, family) → (k, n) per seed
         widths: list[bool] = []  # per seed: the default's family split meets both width goals
-        for seed in args.seeds:
-            items = benchmark_items(args.model, args.bbq, args.split, args.items, seed)
-            folder = run_folder(args.saved, args.model, args.split, len(items), seed)
+        for seed, items, folder in seeds:
             found: dict[str, dict[str, Any]] = {}
             for method in SPLIT_METHODS:
                 run = saved_at(folder, method, budget)
