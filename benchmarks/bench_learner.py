@@ -31,6 +31,7 @@ import math
 import re
 import time
 from collections import Counter, defaultdict
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -158,11 +159,12 @@ def _read_run(path: Path, modified_ns: int) -> dict[str, Any]:
     return read_json(path)
 
 
-def search(method: str, objective: str, budget: int, items: list[Item], scorer: Scorer,
-           seed: int = 0) -> dict[str, Any]:
-    """One method's search of the items; the seed is the config's (its draws), as the item draw's."""
+def search(method: str, objective: str, budget: int, items: list[Item], scorer: Scorer, seed: int = 0,
+           extra: Sequence[str] = ()) -> dict[str, Any]:
+    """One method's search of the items; the seed is the config's (its draws), as the item draw's; `extra`
+    overrides settings after the method's own (tune_learner's neighbours)."""
     preset, overrides = SEARCHES[method]
-    config = load_config(preset, [*overrides, f"seed={seed}"], budget=budget, control=False)
+    config = load_config(preset, [*overrides, *extra, f"seed={seed}"], budget=budget, control=False)
     ctx = build_context(config, scorer, objective)
     learner = Learner()
     started, prompts = time.perf_counter(), scorer.queries

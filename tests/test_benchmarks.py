@@ -243,3 +243,27 @@ def test_results_holds_one_section_per_title_and_none_the_experiments_log_holds(
     assert listed == titles
     moved = re.findall(r"(?m)^## (.+)$", experiments)
     assert moved and not set(moved) & set(titles)
+
+
+def test_a_learner_constant_moves_only_where_the_dev_split_tells_its_neighbour_apart() -> None:
+    """tune_learner's rule: a neighbour replaces the value in use when its paired union interval is above 0, or, for
+    a constant that shapes the family split, when that split is wider on both measures at 0.95 of the union ASR;
+    a point lead alone, or width for another constant, leaves the value in use."""
+    from benchmarks.tune_learner import chosen
+
+    every = np.ones(40, dtype=bool)
+
+    def run(successes: int, top: float, effective: float) -> dict:
+        return {"union": np.arange(40) < successes, "eligible": every,
+                "width": {"top_template": {"share": top}, "effective_templates": effective}}
+
+    in_use = run(10, 0.30, 8.0)
+    assert chosen("prior_sd", 0.5, {0.5: in_use, 0.25: run(11, 0.30, 8.0), 1.0: run(9, 0.30, 8.0)}) == \
+        (0.5, "no neighbour passes: the value in use stays")
+    value, why = chosen("prior_sd", 0.5, {0.5: in_use, 0.25: run(11, 0.3, 8.0), 1.0: run(20, 0.3, 8.0)})
+    assert value == 1.0 and why.startswith("1 replaces 0.5 (stronger, union 20 vs 10)")
+    wide, weak_and_wide = run(10, 0.20, 11.0), run(9, 0.20, 12.0)  # 9 < 0.95 × 10
+    assert chosen("prior_sd", 0.5, {0.5: in_use, 0.25: wide, 1.0: in_use})[0] == 0.5
+    assert chosen("coverage", 0.5, {0.5: in_use, 0.0: weak_and_wide, 1.0: wide}) == \
+        (1.0, "1 replaces 0.5 (wider at the strength bar, union 10 vs 10)")
+    assert chosen("coverage", 0.5, {0.5: in_use, 0.0: weak_and_wide, 1.0: run(10, 0.31, 12.0)})[0] == 0.5

@@ -1,0 +1,173 @@
+"""The learner's constants checked on bench_learner's development split only (issue 46).
+
+    python -m benchmarks.bench_learner --split dev --items 48 --seed 0 --search learned --budget 25  # values in use
+    python -m benchmarks.tune_learner --seed 0 --constant screen_lead --value -0.25   # one neighbour, saved beside it
+    python -m benchmarks.tune_learner --report --seeds 0                                # the RESULTS section
+
+PRIOR_SD, screen_lead, family_share and coverage were chosen on the retired 120-item benchmark, some of whose items
+came from templates now in the test split. Here each is searched at two neighbours of its value in use, every other
+constant at its value in use, on the dev split only, and RULE (written before any of these searches ran) says
+whether the value in use stays. The test split's figures (bench_learner, bench_families) use the values it keeps.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+from unittest import mock
+
+import numpy as np
+
+from benchmarks.bench_families import difference_text, family_rate_text, outcomes, rate_text, rows_of, width_text
+from benchmarks.bench_learner import SAVED, benchmark_items, run_file, run_folder, saved_at, search
+from benchmarks.common import BBQ, record
+from flexsearch.config import load_config
+from flexsearch.engine import learner
+from flexsearch.engine.families import FAMILIES
+from flexsearch.files import atomic_write_json
+from flexsearch.results.differences import rate_difference
+from flexsearch.results.diversity import diversity, minilm_encoder
+from flexsearch.scoring.model import load_target
+from flexsearch.scoring.scorer import Scorer
+
+SPLIT, ITEMS, BUDGET = "dev", 48, 25
+NEIGHBOURS: dict[str, tuple[float, float]] = {
+    "prior_sd": (0.25, 1.0),  # learner.PRIOR_SD: a module constant, patched for the search's duration
+    "screen_lead": (-1.0, -0.25),  # -1 screens nothing
+    "family_share": (0.1, 0.4),
+    "coverage": (0.0, 1.0),  # 0: no archive term within a family
+}
+SHAPES_FAMILY_SPLIT = ("family_share", "coverage")  # issue 45's width is what these are for
+STRENGTH = 0.95  # issue 45's bar: a wider family split may cost at most this share of the union ASR
+RULE = ("A neighbour replaces the value in use only where the dev split tells them apart: its union ASR minus the "
+        "value in use's, paired over the items (Tango's 95% interval), has its interval above 0; or, for "
+        f"{' and '.join(SHAPES_FAMILY_SPLIT)} (they shape the family split), its family split is wider on both "
+        "measures (a lower top-template share and more effective templates) while its union ASR is at least "
+        f"{STRENGTH} of the value in use's. Of several such neighbours, the higher union ASR, then the wider. "
+        "Otherwise the value in use stays. Written before any of these searches ran.")
+
+
+def in_use(constant: str) -> float:
+    return learner.PRIOR_SD if constant == "prior_sd" else float(getattr(load_config("default"), constant))
+
+
+def variant(constant: str, value: float) -> str:
+    """The saved run's method name (the value in use is the plain `learned` run)."""
+    return f"learned@{constant}={value:g}"
+
+
+def search_variant(constant: str, value: float, seed: int) -> dict[str, Any]:
+    """The default searched with one constant at `value`, on the dev split's items of `seed`."""
+    items = benchmark_items("gemma3-bbq", BBQ, SPLIT, ITEMS, seed)
+    scorer = Scorer.from_config(load_target("gemma3-bbq"), load_config("default").scoring)
+    overrides = [] if constant == "prior_sd" else [f"{constant}={value:g}"]
+    prior_sd = value if constant == "prior_sd" else learner.PRIOR_SD
+    with mock.patch.object(learner, "PRIOR_SD", prior_sd):
+        return {**search("learned", "stereotype", BUDGET, items, scorer, seed, overrides),
+                "method": variant(constant, value)}
+
+
+def wider(new: dict[str, Any], old: dict[str, Any]) -> bool:
+    """Both width measures better (issue 45): a lower top-template share and more effective templates."""
+    if new["top_template"] is None or old["top_template"] is None:
+        return False
+    return (new["top_template"]["share"] < old["top_template"]["share"]
+            and new["effective_templates"] > old["effective_templates"])
+
+
+def chosen(constant: str, value_in_use: float, runs: dict[float, dict[str, Any]]) -> tuple[float, str]:
+    """RULE applied to one constant: (the value kept, why). `runs` maps each value to its pooled measures: union
+    and eligible flags over the same items, and the family split's width."""
+    base = runs[value_in_use]
+    base_k = int((base["union"] & base["eligible"]).sum())
+    passing = []
+    for value, run in runs.items():
+        if value == value_in_use:
+            continue
+        diff = rate_difference(run["union"], run["eligible"], base["union"], base["eligible"])
+        k = int((run["union"] & run["eligible"]).sum())
+        stronger = diff["ci"][0] is not None and diff["ci"][0] > 0
+        broader = (constant in SHAPES_FAMILY_SPLIT and wider(run["width"], base["width"])
+                   and k >= STRENGTH * base_k)
+        if stronger or broader:
+            passing.append((k, run["width"]["effective_templates"] or 0.0, value,
+                            "stronger" if stronger else "wider at the strength bar"))
+    if not passing:
+        return value_in_use, "no neighbour passes: the value in use stays"
+    k, _, value, why = max(passing)
+    return value, f"{value:g} replaces {value_in_use:g} ({why}, union {k} vs {base_k})"
+
+
+def report(seeds: list[int], saved: Path) -> str:
+    encode = minilm_encoder()
+    lines = [f"bench_learner's dev split (issue 46), {ITEMS} ambiguous items a seed, seeds "
+             f"{', '.join(map(str, seeds))}, budget {BUDGET}, stereotype objective, the default preset with one "
+             "constant at a time moved to a neighbour of its value in use. " + RULE + " ASR k/n over the "
+             "attack-eligible items with the Wilson 95% interval, pooled over the seeds; the family split's width "
+             "over its successful rows (bench_families). Reference target `gemma3-bbq`: it reads whether a context "
+             "is ambiguous but not which person the evidence names (disambiguated accuracy 0.48), so these figures "
+             "measure the search, not a capable model's bias.", "",
+             "| constant | value | union ASR | " + " | ".join(f"{f} ASR" for f in FAMILIES)
+             + " | family split | union − value in use (paired) |", "|" + "---|" * (5 + len(FAMILIES))]
+    seed_items = [(seed, benchmark_items("gemma3-bbq", BBQ, SPLIT, ITEMS, seed)) for seed in seeds]
+    verdicts, timings = [], []
+    for constant, neighbours in NEIGHBOURS.items():
+        value_in_use = in_use(constant)
+        runs: dict[float, dict[str, Any]] = {}
+        for value in (value_in_use, *neighbours):
+            method = "learned" if value == value_in_use else variant(constant, value)
+            per_seed = []
+            for seed, items in seed_items:
+                found = saved_at(run_folder(saved, "gemma3-bbq", SPLIT, ITEMS, seed), method, BUDGET)
+                if found is None or found[1] != BUDGET:
+                    raise SystemExit(f"no saved {method} run at budget {BUDGET} on the dev split, seed {seed}")
+                per_seed.append((items, found[0]))
+                if value != value_in_use:
+                    timings.append(f"seed {seed} {method} {found[0]['seconds']:.0f} s")
+            pooled = [(items, run["records"], outcomes(items, run["records"], BUDGET)) for items, run in per_seed]
+            runs[value] = {
+                "union": np.concatenate([result["union"] for _, _, result in pooled]),
+                "eligible": np.concatenate([result["eligible"] for _, _, result in pooled]),
+                "families": {f: sum((result["families"][f] for _, _, result in pooled), []) for f in FAMILIES},
+                "width": diversity([row for items, records, result in pooled
+                                    for row in rows_of(items, records, BUDGET, result["eligible"])[1]], encode)}
+        base = runs[value_in_use]
+        for value, run in runs.items():
+            e = run["eligible"]
+            diff = ("(in use)" if value == value_in_use else
+                    difference_text(rate_difference(run["union"], e, base["union"], base["eligible"])))
+            lines.append(f"| {constant} | {value:g} | {rate_text(run['union'][e])} | "
+                         + " | ".join(family_rate_text(run, f) for f in FAMILIES)
+                         + f" | {width_text(run['width'])} | {diff} |")
+        verdicts.append(f"- {constant}: {chosen(constant, value_in_use, runs)[1]}")
+    return "\n".join([*lines, "", "The rule's verdict per constant:", "", *verdicts, "",
+                      f"Wall time per neighbour's search (one CPU thread, two searches at a time on the 2 cores): "
+                      f"{', '.join(timings)}; the values in use are bench_learner's `learned` run on the same items "
+                      f"(`python -m benchmarks.bench_learner --split {SPLIT} --items {ITEMS} --seed S --search learned "
+                      f"--budget {BUDGET}`)."])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--constant", choices=list(NEIGHBOURS))
+    parser.add_argument("--value", type=float, help="one of the constant's two neighbours (NEIGHBOURS)")
+    parser.add_argument("--seed", type=int, default=0, help="draws the items and the search's own draws")
+    parser.add_argument("--report", action="store_true", help="write the RESULTS section from the saved runs")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0], help="with --report: the seeds it pools")
+    parser.add_argument("--saved", type=Path, default=SAVED)
+    args = parser.parse_args()
+    if args.report:
+        record("Learner constants on the dev split (issue 46)", report(args.seeds, args.saved))
+        return
+    if args.constant is None or args.value not in NEIGHBOURS[args.constant]:
+        parser.error("--constant and --value: one of NEIGHBOURS' values, e.g. --constant screen_lead --value -0.25")
+    run = search_variant(args.constant, args.value, args.seed)
+    folder = run_folder(args.saved, "gemma3-bbq", SPLIT, ITEMS, args.seed)
+    atomic_write_json(run_file(folder, run["method"], "stereotype", BUDGET), run)
+    print(f"{run['method']} b{BUDGET}: {run['seconds']:.0f} s, "
+          f"{sum(r['success'] for r in run['records'])} successes", flush=True)
+
+
+if __name__ == "__main__":
+    main()
