@@ -1,26 +1,24 @@
-"""The learned search against its baselines on held-out ambiguous items of the capable target (issue 31).
+"""The learned search against its baselines on held-out ambiguous items of the capable target (issues 31, 46).
 
 Two steps, so the searches can run in separate processes and be reported together:
 
-    python -m benchmarks.bench_learner --items 60 --search learned --budget 100          # saves one run
-    python -m benchmarks.bench_learner --items 60 --search random --budget 100
-    python -m benchmarks.bench_learner --items 120 --search random --after 60   # joins items 61-120 to that run
-    python -m benchmarks.bench_learner --items 60 --search prior --budget 100  # prior and fixed, from learned b100
-    python -m benchmarks.bench_learner --items 60 --report --budgets 10 25 50 100        # the RESULTS section
+    python -m benchmarks.bench_learner --split test --items 48 --seed 0 --search learned --budget 100  # saves one run
+    python -m benchmarks.bench_learner --split test --items 48 --seed 0 --search random --budget 100
+    python -m benchmarks.bench_learner --split test --items 48 --seed 0 --search prior --budget 100  # prior, fixed
+    python -m benchmarks.bench_learner --split test --items 48 --report --seeds 0 1 2 --budgets 10 25 40 50 100
 
-A search is saved as runs/bench_learner/<model>-<items>-seed<seed>/<method>-<objective>-b<budget>.json with each
-item's outcome (first success dated at its own candidate, queries, observations) and its wall time. ASR at a
-budget below the searched one reads the first success (`first_success_query <= budget`): exact for `random` and
-`beam`, whose per-item searches do not depend on the budget; for `learned` the report prefers a run searched at
-that very budget and says which figures are read from a larger one (its learner then learned from longer searches).
+A search is saved as runs/bench_learner/<model>-<split>-<items>-seed<seed>/<method>-<objective>-b<budget>.json with
+each item's outcome (first success dated at its own candidate, queries, observations) and its wall time. ASR at a
+budget below the searched one reads the first success (`first_success_query <= budget`): exact for the per-item
+searches (`random`, `beam`), which do not depend on the budget; a learned search is read only at a budget it ran at.
 
-The report: ASR with Wilson intervals (k/n over the attack-eligible items), the paired difference learned − random
-(Tango's interval, an exact McNemar p-value, and over templates) at each budget, the area under ASR-vs-queries,
-median queries to the first success, the control (anti-stereotype) and the gap, the weak-spots table, the best
-single fixed template (chosen on the first half of the items by the learner, applied alone to the second half) and
-the transfer check
-(the learner's top compositions from the first half applied whole to the second half, 1 and 3 candidates, i.e.
-3 and 9 queries, against random's first 1 and 3 candidates on the same items).
+The report (one RESULTS section per split): each method's ASR per seed with the mean and range, the paired
+differences per seed (Tango's interval, an exact McNemar p-value, and over templates), the goals against random;
+then the first seed in detail: ASR with Wilson intervals (k/n over the attack-eligible items), the area under
+ASR-vs-queries, median queries to the first success, the control (anti-stereotype) and the gap where it ran, the
+weak-spots table, the transfer check (the learner's top compositions from the first half applied whole to the
+second half, 1 and 3 candidates, i.e. 3 and 9 queries, against random's first 1 and 3 candidates on the same items)
+and ten prompts read with the audit.
 """
 
 from __future__ import annotations
@@ -247,7 +245,10 @@ def apply_whole(keys: list[str], items: list[Item], scorer: Scorer, budget_candi
     return np.array(hits)
 
 
-def report(args: argparse.Namespace, items: list[Item], folder: Path) -> None:
+def detail(args: argparse.Namespace, items: list[Item], folder: Path) -> list[str]:
+    """One seed's report: each method's ASR at the budgets with the area under ASR-vs-queries and queries spent
+    (the methods searched at the largest budget), the paired differences, the control, the weak spots, the
+    transfer check and ten prompts read with the audit."""
     target = load_target(args.model, dtype=args.dtype)
     scorer = Scorer.from_config(target, load_config("default").scoring)
     top = max(args.budgets)
@@ -278,7 +279,7 @@ def report(args: argparse.Namespace, items: list[Item], folder: Path) -> None:
              "half attacked with the learner of the learned run's other half, frozen: templates and pairs ranked by "
              "one Thompson draw per arm and scored in that order until a success) and `fixed` the other half's best "
              "single template alone. ASR k/n with Wilson 95% intervals.", ""]
-    methods = reported_methods([folder])
+    methods = [m for m in reported_methods([folder]) if saved_at(folder, m, top, any_larger=True)]
     header = ["method", *(f"ASR@{b}" for b in args.budgets), f"area under ASR-vs-queries (0-{top})",
               f"median queries to first success (@{top})", f"mean queries/item (@{top})", f"minutes (@{top})"]
     rows = []
@@ -340,8 +341,7 @@ def report(args: argparse.Namespace, items: list[Item], folder: Path) -> None:
                         for s in spots["overall"]])
         lines += transfer(learned, items, eligible, scorer, best_run("random", 3 * 3 + 3)[0])
         lines += ten_prompts(learned, items, scorer, args.seed)
-    title = f"Learned search vs its baselines on {len(items)} held-out items (issue 31{args.section})"
-    record(title, "\n".join(lines))
+    return lines
 
 
 SAMPLED_BATCHES = (1, 2, 4, 8, 17)  # candidates scored per step until a success: 32, budget 99 with the clean
@@ -464,6 +464,7 @@ def seeds_report(args: argparse.Namespace) -> None:
     """The split's RESULTS section over seeds (issue 46): each method's ASR per seed with the mean and range, and
     the paired differences per seed at the item level and over templates."""
     goal = get_objective("stereotype")
+    args.seeds = args.seeds or [args.seed]
     seeds = []
     for seed in args.seeds:
         items = benchmark_items(args.model, args.bbq, args.split, args.items, seed)
@@ -546,6 +547,10 @@ def seeds_report(args: argparse.Namespace) -> None:
                          + ", ".join(f"{r:.2f}" for r in ratios)
                          + f"; it holds in {sum(r >= goal_ratio for r in ratios)} of {len(ratios)} seeds "
                          f"(pooled over the seeds: {learned_k}/{total} vs {random_k}/{total}, ratio {pooled}).")
+    first = args.seeds[0]
+    lines += ["", f"### Seed {first} in detail", "",
+              *detail(argparse.Namespace(**{**vars(args), "seed": first}),
+                      benchmark_items(args.model, args.bbq, args.split, args.items, first), seeds[0][1])]
     timings = [f"seed {seed} {run['method']} b{run['budget']} {run['seconds']:.0f} s" for seed, folder, _, _ in seeds
                for path in sorted(folder.glob("*-stereotype-b*.json")) if "seconds" in (run := read_saved(path))]
     lines.append(f"\nWall time per search (`python -m benchmarks.bench_learner --split {args.split} --items "
@@ -563,7 +568,8 @@ def main() -> None:
     parser.add_argument("--split", choices=SPLITS, default="all", help="held-out templates to draw from: all, or "
                         "the development or the test set (split_templates; no template in both)")
     parser.add_argument("--seed", type=int, default=0, help="draws the items and the search's own draws")
-    parser.add_argument("--seeds", type=int, nargs="+", help="with --report: the split's report over these seeds")
+    parser.add_argument("--seeds", type=int, nargs="+", help="with --report: the seeds it reports, the first in "
+                        "detail (default: --seed)")
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--search", choices=[*SEARCHES, "prior"], help="search with this method and save it "
                         "(prior: sample from the saved learned run's prior at --budget, saving prior and fixed)")
@@ -576,10 +582,8 @@ def main() -> None:
     parser.add_argument("--saved", type=Path, default=SAVED, help="where each search's outcomes are saved")
     parser.add_argument("--no-prior", action="store_true", help="report without sampling from the learned prior "
                         "(its 120 items take 12 minutes or more on 2 cores)")
-    parser.add_argument("--section", default="", help="appended to the RESULTS section's title (a report of "
-                        "other runs beside an earlier one)")
     args = parser.parse_args()
-    if args.report and args.seeds:
+    if args.report:
         seeds_report(args)
         return
     items = benchmark_items(args.model, args.bbq, args.split, args.items, args.seed)
@@ -599,8 +603,6 @@ def main() -> None:
         atomic_write_json(run_file(folder, args.search, args.objective, args.budget), saved)
         print(f"{args.search} {args.objective} b{args.budget}: {saved['seconds']:.0f} s, {saved['prompts']} prompts, "
               f"{sum(r['success'] for r in saved['records'])} successes", flush=True)
-    if args.report:
-        report(args, items, folder)
 
 
 if __name__ == "__main__":

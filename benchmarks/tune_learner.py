@@ -57,9 +57,9 @@ def variant(constant: str, value: float) -> str:
     return f"learned@{constant}={value:g}"
 
 
-def search_variant(constant: str, value: float, seed: int) -> dict[str, Any]:
+def search_variant(constant: str, value: float, seed: int, bbq: Path) -> dict[str, Any]:
     """The default searched with one constant at `value`, on the dev split's items of `seed`."""
-    items = benchmark_items("gemma3-bbq", BBQ, SPLIT, ITEMS, seed)
+    items = benchmark_items("gemma3-bbq", bbq, SPLIT, ITEMS, seed)
     scorer = Scorer.from_config(load_target("gemma3-bbq"), load_config("default").scoring)
     overrides = [] if constant == "prior_sd" else [f"{constant}={value:g}"]
     prior_sd = value if constant == "prior_sd" else learner.PRIOR_SD
@@ -99,7 +99,7 @@ def chosen(constant: str, value_in_use: float, runs: dict[float, dict[str, Any]]
     return value, f"{value:g} replaces {value_in_use:g} ({why}, union {k} vs {base_k})"
 
 
-def report(seeds: list[int], saved: Path) -> str:
+def report(seeds: list[int], saved: Path, bbq: Path) -> str:
     encode = minilm_encoder()
     lines = [f"bench_learner's dev split (issue 46), {ITEMS} ambiguous items a seed, seeds "
              f"{', '.join(map(str, seeds))}, budget {BUDGET}, stereotype objective, the default preset with one "
@@ -110,7 +110,7 @@ def report(seeds: list[int], saved: Path) -> str:
              "measure the search, not a capable model's bias.", "",
              "| constant | value | union ASR | " + " | ".join(f"{f} ASR" for f in FAMILIES)
              + " | family split | union − value in use (paired) |", "|" + "---|" * (5 + len(FAMILIES))]
-    seed_items = [(seed, benchmark_items("gemma3-bbq", BBQ, SPLIT, ITEMS, seed)) for seed in seeds]
+    seed_items = [(seed, benchmark_items("gemma3-bbq", bbq, SPLIT, ITEMS, seed)) for seed in seeds]
     verdicts, timings = [], []
     for constant, neighbours in NEIGHBOURS.items():
         value_in_use = in_use(constant)
@@ -155,14 +155,15 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0, help="draws the items and the search's own draws")
     parser.add_argument("--report", action="store_true", help="write the RESULTS section from the saved runs")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0], help="with --report: the seeds it pools")
+    parser.add_argument("--bbq", type=Path, default=BBQ)
     parser.add_argument("--saved", type=Path, default=SAVED)
     args = parser.parse_args()
     if args.report:
-        record("Learner constants on the dev split (issue 46)", report(args.seeds, args.saved))
+        record("Learner constants on the dev split (issue 46)", report(args.seeds, args.saved, args.bbq))
         return
     if args.constant is None or args.value not in NEIGHBOURS[args.constant]:
         parser.error("--constant and --value: one of NEIGHBOURS' values, e.g. --constant screen_lead --value -0.25")
-    run = search_variant(args.constant, args.value, args.seed)
+    run = search_variant(args.constant, args.value, args.seed, args.bbq)
     folder = run_folder(args.saved, "gemma3-bbq", SPLIT, ITEMS, args.seed)
     atomic_write_json(run_file(folder, run["method"], "stereotype", BUDGET), run)
     print(f"{run['method']} b{BUDGET}: {run['seconds']:.0f} s, "
