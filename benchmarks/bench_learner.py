@@ -477,6 +477,7 @@ def seeds_report(args: argparse.Namespace) -> None:
                              for it, r in zip(items, any_search[0]["records"], strict=True)])
         seeds.append((seed, folder, eligible, np.array([template_key(it) for it in items])))
     split = split_templates(args.model, args.bbq)
+    default = load_config("default")
     retired = Counter(template_key(it) in split[args.split] for it in held_out_ambiguous(args.model, args.bbq,
                                                                                         RETIRED_ITEMS, 0))
     lines = [f"The {args.split} split: {args.items} ambiguous items a seed (round-robin over categories) from the "
@@ -485,11 +486,14 @@ def seeds_report(args: argparse.Namespace) -> None:
              + ". Development templates: " + ", ".join(f"`{t}`" for t in sorted(split["dev"]))
              + f". Per category the {DEV_TEMPLATES_PER_CATEGORY} templates that gave most items to the retired "
              f"{RETIRED_ITEMS}-item benchmark are dev (benchmarks/bench_learner.py, split_templates). The learner's "
-             f"constants (PRIOR_SD {PRIOR_SD} worth {PRIOR_SD_WEIGHT:g} observations, screen_lead -0.5, "
-             "family_share 0.2, coverage 0.5) were chosen on that retired benchmark before the split: "
-             f"{retired[True]} of its {RETIRED_ITEMS} items came from templates now in this split (other items of "
-             "the same templates). Since the split one constant was chosen, on the dev split only: "
-             "headline_coverage 1 (RESULTS \"Attack families on the dev split over seeds\"). Seeds "
+             f"constants (PRIOR_SD {PRIOR_SD} worth {PRIOR_SD_WEIGHT:g} observations, screen_lead "
+             f"{default.screen_lead:g}, family_share {default.family_share:g}, coverage {default.coverage:g}) were "
+             f"first chosen on that retired benchmark before the split ({retired[True]} of its {RETIRED_ITEMS} items "
+             "came from templates now in this split), then each checked on the dev split only against two "
+             "neighbours by a rule written before those searches (benchmarks/tune_learner.py; RESULTS \"Learner "
+             "constants on the dev split\" has the verdicts). headline_coverage "
+             f"{default.headline_coverage:g} was chosen on the dev split only (RESULTS \"Attack families on the dev "
+             "split over seeds\"). Seeds "
              f"{', '.join(map(str, args.seeds))}: each draws its own items and the search's own draws. ASR k/n over "
              "the attack-eligible items; a per-item method (random, random-screen, beam) and prior and fixed (they "
              "stop at a success) read smaller budgets from a larger run's first successes, a learned one only at a "

@@ -1,13 +1,14 @@
 """The learner's constants checked on bench_learner's development split only (issue 46).
 
-    python -m benchmarks.bench_learner --split dev --items 48 --seed 0 --search learned --budget 25  # values in use
-    python -m benchmarks.tune_learner --seed 0 --constant screen_lead --value -0.25   # one neighbour, saved beside it
-    python -m benchmarks.tune_learner --report --seeds 0                                # the RESULTS section
+    python -m benchmarks.tune_learner --seed 0 --checked                             # the values checked
+    python -m benchmarks.tune_learner --seed 0 --constant screen_lead --value -0.25  # one neighbour, saved beside it
+    python -m benchmarks.tune_learner --report --seeds 0                               # the RESULTS section
 
 PRIOR_SD, screen_lead, family_share and coverage were chosen on the retired 120-item benchmark, some of whose items
-came from templates now in the test split. Here each is searched at two neighbours of its value in use, every other
-constant at its value in use, on the dev split only, and RULE (written before any of these searches ran) says
-whether the value in use stays. The test split's figures (bench_learner, bench_families) use the values it keeps.
+came from templates now in the test split. Here each is searched at two neighbours of the value it had then
+(CHECKED), every other constant at its checked value, on the dev split only, and RULE (written before any of these
+searches ran) says which value the default takes. The test split's figures (bench_learner, bench_families) use
+those values.
 """
 
 from __future__ import annotations
@@ -32,12 +33,14 @@ from flexsearch.scoring.model import load_target
 from flexsearch.scoring.scorer import Scorer
 
 SPLIT, ITEMS, BUDGET = "dev", 48, 25
+CHECKED: dict[str, float] = {"prior_sd": 0.5, "screen_lead": -0.5, "family_share": 0.2, "coverage": 0.5}
 NEIGHBOURS: dict[str, tuple[float, float]] = {
     "prior_sd": (0.25, 1.0),  # learner.PRIOR_SD: a module constant, patched for the search's duration
     "screen_lead": (-1.0, -0.25),  # -1 screens nothing
     "family_share": (0.1, 0.4),
     "coverage": (0.0, 1.0),  # 0: no archive term within a family
 }
+BASE = "learned@checked"  # the saved run with every constant at its checked value
 SHAPES_FAMILY_SPLIT = ("family_share", "coverage")  # issue 45's width is what these are for
 STRENGTH = 0.95  # issue 45's bar: a wider family split may cost at most this share of the union ASR
 RULE = ("A neighbour replaces the value in use only where the dev split tells them apart: its union ASR minus the "
@@ -48,24 +51,21 @@ RULE = ("A neighbour replaces the value in use only where the dev split tells th
         "Otherwise the value in use stays. Written before any of these searches ran.")
 
 
-def in_use(constant: str) -> float:
-    return learner.PRIOR_SD if constant == "prior_sd" else float(getattr(load_config("default"), constant))
-
-
 def variant(constant: str, value: float) -> str:
-    """The saved run's method name (the value in use is the plain `learned` run)."""
+    """The saved run's method name."""
     return f"learned@{constant}={value:g}"
 
 
-def search_variant(constant: str, value: float, seed: int, bbq: Path) -> dict[str, Any]:
-    """The default searched with one constant at `value`, on the dev split's items of `seed`."""
+def search_variant(constant: str | None, value: float, seed: int, bbq: Path) -> dict[str, Any]:
+    """The default searched with every constant at its checked value but `constant` at `value` (None: none moved),
+    on the dev split's items of `seed`."""
+    values = {**CHECKED, **({constant: value} if constant else {})}
     items = benchmark_items("gemma3-bbq", bbq, SPLIT, ITEMS, seed)
     scorer = Scorer.from_config(load_target("gemma3-bbq"), load_config("default").scoring)
-    overrides = [] if constant == "prior_sd" else [f"{constant}={value:g}"]
-    prior_sd = value if constant == "prior_sd" else learner.PRIOR_SD
-    with mock.patch.object(learner, "PRIOR_SD", prior_sd):
+    overrides = [f"{name}={v:g}" for name, v in values.items() if name != "prior_sd"]
+    with mock.patch.object(learner, "PRIOR_SD", values["prior_sd"]):
         return {**search("learned", "stereotype", BUDGET, items, scorer, seed, overrides),
-                "method": variant(constant, value)}
+                "method": variant(constant, value) if constant else BASE}
 
 
 def wider(new: dict[str, Any], old: dict[str, Any]) -> bool:
@@ -102,21 +102,24 @@ def chosen(constant: str, value_in_use: float, runs: dict[float, dict[str, Any]]
 def report(seeds: list[int], saved: Path, bbq: Path) -> str:
     encode = minilm_encoder()
     lines = [f"bench_learner's dev split (issue 46), {ITEMS} ambiguous items a seed, seeds "
-             f"{', '.join(map(str, seeds))}, budget {BUDGET}, stereotype objective, the default preset with one "
-             "constant at a time moved to a neighbour of its value in use. " + RULE + " ASR k/n over the "
+             f"{', '.join(map(str, seeds))}, budget {BUDGET}, stereotype objective, the default preset with the "
+             "constants at the values checked ("
+             + ", ".join(f"{name} {value:g}" for name, value in CHECKED.items())
+             + ", the values in use when the check began; the rule's 'value in use') and one at a time moved to a "
+             "neighbour. " + RULE + " ASR k/n over the "
              "attack-eligible items with the Wilson 95% interval, pooled over the seeds; the family split's width "
              "over its successful rows (bench_families). Reference target `gemma3-bbq`: it reads whether a context "
              "is ambiguous but not which person the evidence names (disambiguated accuracy 0.48), so these figures "
              "measure the search, not a capable model's bias.", "",
              "| constant | value | union ASR | " + " | ".join(f"{f} ASR" for f in FAMILIES)
-             + " | family split | union − value in use (paired) |", "|" + "---|" * (5 + len(FAMILIES))]
+             + " | family split | union − value checked (paired) |", "|" + "---|" * (5 + len(FAMILIES))]
     seed_items = [(seed, benchmark_items("gemma3-bbq", bbq, SPLIT, ITEMS, seed)) for seed in seeds]
     verdicts, timings = [], []
     for constant, neighbours in NEIGHBOURS.items():
-        value_in_use = in_use(constant)
+        value_in_use = CHECKED[constant]
         runs: dict[float, dict[str, Any]] = {}
         for value in (value_in_use, *neighbours):
-            method = "learned" if value == value_in_use else variant(constant, value)
+            method = BASE if value == value_in_use else variant(constant, value)
             per_seed = []
             for seed, items in seed_items:
                 found = saved_at(run_folder(saved, "gemma3-bbq", SPLIT, ITEMS, seed), method, BUDGET)
@@ -135,7 +138,7 @@ def report(seeds: list[int], saved: Path, bbq: Path) -> str:
         base = runs[value_in_use]
         for value, run in runs.items():
             e = run["eligible"]
-            diff = ("(in use)" if value == value_in_use else
+            diff = ("(checked)" if value == value_in_use else
                     difference_text(rate_difference(run["union"], e, base["union"], base["eligible"])))
             lines.append(f"| {constant} | {value:g} | {rate_text(run['union'][e])} | "
                          + " | ".join(family_rate_text(run, f) for f in FAMILIES)
@@ -143,13 +146,13 @@ def report(seeds: list[int], saved: Path, bbq: Path) -> str:
         verdicts.append(f"- {constant}: {chosen(constant, value_in_use, runs)[1]}")
     return "\n".join([*lines, "", "The rule's verdict per constant:", "", *verdicts, "",
                       f"Wall time per neighbour's search (one CPU thread, two searches at a time on the 2 cores): "
-                      f"{', '.join(timings)}; the values in use are bench_learner's `learned` run on the same items "
-                      f"(`python -m benchmarks.bench_learner --split {SPLIT} --items {ITEMS} --seed S --search learned "
-                      f"--budget {BUDGET}`)."])
+                      f"{', '.join(timings)}; the values checked: `python -m benchmarks.tune_learner --seed S "
+                      "--checked`."])
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--checked", action="store_true", help="search with every constant at its checked value")
     parser.add_argument("--constant", choices=list(NEIGHBOURS))
     parser.add_argument("--value", type=float, help="one of the constant's two neighbours (NEIGHBOURS)")
     parser.add_argument("--seed", type=int, default=0, help="draws the items and the search's own draws")
@@ -161,9 +164,10 @@ def main() -> None:
     if args.report:
         record("Learner constants on the dev split (issue 46)", report(args.seeds, args.saved, args.bbq))
         return
-    if args.constant is None or args.value not in NEIGHBOURS[args.constant]:
-        parser.error("--constant and --value: one of NEIGHBOURS' values, e.g. --constant screen_lead --value -0.25")
-    run = search_variant(args.constant, args.value, args.seed, args.bbq)
+    if not args.checked and (args.constant is None or args.value not in NEIGHBOURS[args.constant]):
+        parser.error("--checked, or --constant and --value: one of NEIGHBOURS' values, e.g. --constant screen_lead "
+                     "--value -0.25")
+    run = search_variant(None if args.checked else args.constant, args.value, args.seed, args.bbq)
     folder = run_folder(args.saved, "gemma3-bbq", SPLIT, ITEMS, args.seed)
     atomic_write_json(run_file(folder, run["method"], "stereotype", BUDGET), run)
     print(f"{run['method']} b{BUDGET}: {run['seconds']:.0f} s, "

@@ -67,7 +67,7 @@ class SearchConfig:
     # before an item's first success, how much a headline proposal's archive share (its family cell) lowers its rank:
     # the headline's first success becomes its family's, so a headline that repeats the leader narrows the split
     headline_coverage: float = 1.0
-    family_share: float = 0.2  # before an item's first success, the share of its candidates that serve open families
+    family_share: float = 0.4  # before an item's first success, the share of its candidates that serve open families
     operators: list[Any] = field(default_factory=lambda: [{"name": "persona", "n": 2},
                                                           {"name": "instruction", "n": 2},
                                                           {"name": "textbugger", "positions": 1,
