@@ -99,6 +99,24 @@ def chosen(constant: str, value_in_use: float, runs: dict[float, dict[str, Any]]
     return value, f"{value:g} replaces {value_in_use:g} ({why}, union {k} vs {base_k})"
 
 
+def pooled_run(method: str, seed_items: list[tuple[int, list]], saved: Path, encode: Any) -> dict[str, Any]:
+    """One saved dev run per seed, pooled: per-item union and eligible flags, family outcomes, the family split's
+    width, and each seed's wall time."""
+    per_seed = []
+    for seed, items in seed_items:
+        found = saved_at(run_folder(saved, "gemma3-bbq", SPLIT, ITEMS, seed), method, BUDGET)
+        if found is None or found[1] != BUDGET:
+            raise SystemExit(f"no saved {method} run at budget {BUDGET} on the dev split, seed {seed}")
+        per_seed.append((seed, items, found[0]))
+    pooled = [(items, run["records"], outcomes(items, run["records"], BUDGET)) for _, items, run in per_seed]
+    return {"union": np.concatenate([result["union"] for _, _, result in pooled]),
+            "eligible": np.concatenate([result["eligible"] for _, _, result in pooled]),
+            "families": {f: sum((result["families"][f] for _, _, result in pooled), []) for f in FAMILIES},
+            "width": diversity([row for items, records, result in pooled
+                                for row in rows_of(items, records, BUDGET, result["eligible"])[1]], encode),
+            "seconds": [(seed, run["seconds"]) for seed, _, run in per_seed]}
+
+
 def report(seeds: list[int], saved: Path, bbq: Path) -> str:
     encode = minilm_encoder()
     lines = [f"bench_learner's dev split (issue 46), {ITEMS} ambiguous items a seed, seeds "
@@ -114,27 +132,19 @@ def report(seeds: list[int], saved: Path, bbq: Path) -> str:
              "| constant | value | union ASR | " + " | ".join(f"{f} ASR" for f in FAMILIES)
              + " | family split | union − value checked (paired) |", "|" + "---|" * (5 + len(FAMILIES))]
     seed_items = [(seed, benchmark_items("gemma3-bbq", bbq, SPLIT, ITEMS, seed)) for seed in seeds]
-    verdicts, timings = [], []
+    verdicts: list[str] = []
+    timings: list[str] = []
+    measured: dict[str, dict[str, Any]] = {}  # method → its pooled run: the checked one serves every constant
     for constant, neighbours in NEIGHBOURS.items():
         value_in_use = CHECKED[constant]
         runs: dict[float, dict[str, Any]] = {}
         for value in (value_in_use, *neighbours):
             method = BASE if value == value_in_use else variant(constant, value)
-            per_seed = []
-            for seed, items in seed_items:
-                found = saved_at(run_folder(saved, "gemma3-bbq", SPLIT, ITEMS, seed), method, BUDGET)
-                if found is None or found[1] != BUDGET:
-                    raise SystemExit(f"no saved {method} run at budget {BUDGET} on the dev split, seed {seed}")
-                per_seed.append((items, found[0]))
-                if value != value_in_use:
-                    timings.append(f"seed {seed} {method} {found[0]['seconds']:.0f} s")
-            pooled = [(items, run["records"], outcomes(items, run["records"], BUDGET)) for items, run in per_seed]
-            runs[value] = {
-                "union": np.concatenate([result["union"] for _, _, result in pooled]),
-                "eligible": np.concatenate([result["eligible"] for _, _, result in pooled]),
-                "families": {f: sum((result["families"][f] for _, _, result in pooled), []) for f in FAMILIES},
-                "width": diversity([row for items, records, result in pooled
-                                    for row in rows_of(items, records, BUDGET, result["eligible"])[1]], encode)}
+            if method not in measured:
+                measured[method] = pooled_run(method, seed_items, saved, encode)
+                timings += [] if method == BASE else [f"seed {seed} {method} {seconds:.0f} s"
+                                                      for seed, seconds in measured[method]["seconds"]]
+            runs[value] = measured[method]
         base = runs[value_in_use]
         for value, run in runs.items():
             e = run["eligible"]
