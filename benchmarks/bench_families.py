@@ -13,7 +13,9 @@ goals over the seeds: the default's union ASR against the learned default when t
 the goal's baseline) and against the family search before the headline's archive term (learned-narrow), the family
 split's width, and each family against random search restricted to it (plain random's
 composition family is the composition baseline), with each seed's paired difference (differences.rate_difference:
-Tango's interval, the exact McNemar test). A budget below the searched one reads first successes
+Tango's interval, the exact McNemar test). The default shares its budget among the families while each baseline
+spends all of it in one: so each single family is also compared at equal effort, the baseline read item by item at
+the queries the default spent in that family (at_spend). A budget below the searched one reads first successes
 (`first_success_query <= budget`, per family too): exact for random, whose per-item search does not depend on the
 budget; a learned search is reported only at a budget it was searched at.
 """
@@ -52,7 +54,20 @@ def outcomes(items: list[Item], records: list[dict[str, Any]], budget: int) -> d
     union = np.array([within(r["first_success_query"], budget) for r in records])
     families = {f: [within(r["families"][f]["first_success_query"], budget) if f in r["families"] else None
                     for r in records] for f in FAMILIES}
-    return {"eligible": eligible, "union": union, "families": families}
+    spent = {f: [r["families"][f]["queries"] if f in r["families"] else None for r in records] for f in FAMILIES}
+    return {"eligible": eligible, "union": union, "families": families, "spent": spent, "records": records}
+
+
+def at_spend(default: dict[str, Any], baseline: dict[str, Any], family: str) -> tuple[np.ndarray, np.ndarray]:
+    """(success, searched) per item of a family's baseline (random search restricted to it) read at the queries the
+    default spent on that family in the item, beyond the baseline's clean prompt: the two searches at equal effort
+    in the family. Exact: the baseline's per-item search does not depend on its budget."""
+    flags = []
+    for spent, theirs in zip(default["spent"][family], baseline["records"], strict=True):
+        best = theirs["families"].get(family)
+        clean = theirs["queries"] - best["queries"] if best else 0  # all a family baseline spends outside it
+        flags.append(spent is not None and best is not None and within(best["first_success_query"], spent + clean))
+    return np.array(flags), _family_flags(baseline, family)[1] & _family_flags(default, family)[1]
 
 
 def _family_flags(result: dict[str, Any], family: str) -> tuple[np.ndarray, np.ndarray]:
@@ -102,6 +117,7 @@ def width_text(measures: dict[str, Any]) -> str:
 # random search restricted to each family
 SPLIT_METHODS = ("learned", "learned-blind", "learned-narrow", "learned-headline2", "random", "random-persona",
                  "random-instruction", "random-text")
+SINGLE_FAMILIES = tuple(f for f, m in BASELINE.items() if m != "random")  # those with a baseline restricted to them
 STRENGTH = 0.95  # issue 45's goals: the default's union ASR at least this share of the earlier learned search's,
 TOP_TEMPLATE, EFFECTIVE_TEMPLATES = 0.25, 10.0  # and a family split whose top template holds at most this much
 
@@ -118,6 +134,7 @@ def split_report(args: argparse.Namespace, encode: Encode) -> str:
     rows: list[str] = []
     paired: list[str] = []
     goals: list[str] = []
+    equal_rows: list[str] = []
     timings: list[str] = []
     seeds = []  # each seed's items and saved runs, drawn once for every budget
     for seed in args.seeds:
@@ -127,6 +144,8 @@ def split_report(args: argparse.Namespace, encode: Encode) -> str:
         union: dict[str, list[tuple[int, int]]] = {m: [] for m in SPLIT_METHODS}
         family_counts: dict[tuple[str, str], list[tuple[int, int]]] = {}  # (method, family) → (k, n) per seed
         widths: list[bool] = []  # per seed: the default's family split meets both width goals
+        equal: dict[str, list[tuple[int, ...]]] = {}  # family → per seed: the default's k, n, queries spent; the
+        # baseline's k, n at that spend
         for seed, items, folder in seeds:
             found: dict[str, dict[str, Any]] = {}
             for method in SPLIT_METHODS:
@@ -167,7 +186,19 @@ def split_report(args: argparse.Namespace, encode: Encode) -> str:
                     if diff["value"] is not None:
                         paired.append(f"- budget {budget}, seed {seed}: {family}, the default − {baseline} "
                                       f"{difference_text(diff)}")
+                if "learned" in found and baseline in found and family in SINGLE_FAMILIES:
+                    mine, theirs = _family_flags(found["learned"], family), at_spend(found["learned"],
+                                                                                      found[baseline], family)
+                    spent = [q for q, ok in zip(found["learned"]["spent"][family], mine[1], strict=True) if ok]
+                    equal.setdefault(family, []).append((int(mine[0][mine[1]].sum()), int(mine[1].sum()), sum(spent),
+                                                         int(theirs[0][theirs[1]].sum()), int(theirs[1].sum())))
+                    diff = rate_difference(*mine, *theirs)
+                    if diff["value"] is not None:
+                        paired.append(f"- budget {budget}, seed {seed}: {family} at equal queries in it, the default "
+                                      f"− {baseline} read at the default's spend {difference_text(diff)}")
         goals.append(goal_row(budget, union, family_counts, widths))
+        equal_rows += [equal_row(budget, family, counts, family_counts.get((BASELINE[family], family), []))
+                       for family, counts in equal.items()]
     about = "templates no constant was chosen on" if args.split == "test" else \
         "its templates are where headline_coverage was chosen"
     return "\n".join([
@@ -199,6 +230,14 @@ def split_report(args: argparse.Namespace, encode: Encode) -> str:
         "| budget | strength (against learned-blind) | against learned-narrow | width | " + " | ".join(FAMILIES)
         + " |", "|" + "---|" * (4 + len(FAMILIES)),
         *goals, "",
+        "### Each family at equal queries in it, over the seeds", "",
+        "The default shares its budget among the families (family_share) while each baseline spends all of it in "
+        "one, so the goals' table compares unequal effort. Here each baseline is read, item by item, at the queries "
+        "the default spent in that family (its clean prompt apart): k/n summed over the seeds, over the eligible "
+        "items both searched the family; met where the default's summed rate is at least the baseline's at equal "
+        "queries. The baseline at the whole budget is the goals' table's figure.", "",
+        "| budget | family | the default | its queries in the family per item (mean) | baseline at those queries "
+        "| baseline at the whole budget | at equal queries |", "|---|---|---|---|---|---|---|", *equal_rows, "",
         "### ASR per family and width, per seed", "",
         "top template: the most common template's share of the template uses; top composition: the most common set "
         "of templates' share of the rows; effective: exp of the entropy of the template distribution; cosine: mean "
@@ -213,6 +252,15 @@ def split_report(args: argparse.Namespace, encode: Encode) -> str:
 
 def difference_text(diff: dict[str, Any]) -> str:
     return f"{diff['value']:+.3f} [{diff['ci'][0]:+.3f}, {diff['ci'][1]:+.3f}], exact p = {diff['p']:.3f}"
+
+
+def equal_row(budget: int, family: str, counts: list[tuple[int, ...]], whole: list[tuple[int, int]]) -> str:
+    """One budget and family of the equal-queries table from each seed's (k, n, queries spent) of the default and
+    (k, n) of the baseline at that spend."""
+    k, n, spent, base_k, base_n = (sum(c[i] for c in counts) for i in range(5))
+    met = k / max(1, n) >= base_k / max(1, base_n)
+    return (f"| {budget} | {family} | {k}/{n} | {spent / max(1, n):.1f} | {base_k}/{base_n} | "
+            f"{pooled_text(whole) if whole else '-'} | {'met' if met else '**not met**'} |")
 
 
 def goal_row(budget: int, union: dict[str, list[tuple[int, int]]],

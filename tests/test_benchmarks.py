@@ -163,7 +163,8 @@ def test_the_benchmarks_read_random_at_smaller_budgets_and_a_learned_search_only
     assert reported_methods([tmp_path]) == ["learned", "beam", "random", "random-screen", "prior"]  # families' apart
     assert within(40, 40) and not within(41, 40) and not within(None, 100)
     item_records = [{"clean_probs": [0.1, 0.8, 0.1], "first_success_query": 30,
-                     "families": {"persona": {"first_success_query": 30}, "text": {"first_success_query": None}}}]
+                     "families": {"persona": {"first_success_query": 30, "queries": 12},
+                                  "text": {"first_success_query": None, "queries": 9}}}]
 
     class Item:  # the fields attack_eligible reads
         gold, target = 1, 0
@@ -196,6 +197,34 @@ def test_the_families_goals_are_judged_on_counts_summed_over_the_seeds_and_only_
     assert "32/96 vs 33/96 = 0.97: met" in goal_row(25, union, families, [])
     assert goal_row(40, {"learned": [(1, 48)], "learned-blind": [], "learned-narrow": []}, {}, []) == \
         "| 40 | - | - | - | - | - | - | - |"
+
+
+def test_a_family_baseline_is_read_at_the_queries_the_default_spent_in_that_family() -> None:
+    """Equal effort per family: the baseline (random search in one family, its clean prompt apart) succeeds where its
+    first success comes within the default's queries in that family; an item either search left unsearched in the
+    family counts on neither side; the row sums the seeds and judges the rates."""
+    from benchmarks.bench_families import at_spend, equal_row, outcomes
+
+    class Item:  # the fields attack_eligible reads
+        gold, target = 1, 0
+
+    def record(families: dict[str, tuple[int, int | None]]) -> dict[str, object]:
+        spent = sum(q for q, _ in families.values())
+        return {"clean_probs": [0.1, 0.8, 0.1], "first_success_query": None, "queries": 3 + spent,
+                "families": {f: {"queries": q, "first_success_query": first} for f, (q, first) in families.items()}}
+
+    items = [Item()] * 4
+    default = outcomes(items, [record({"persona": (6, None), "composition": (19, 20)}),  # type: ignore[arg-type]
+                               record({"persona": (5, 4)}), record({"persona": (6, None)}), record({})], 25)
+    baseline = outcomes(items, [record({"persona": (54, 9)}), record({"persona": (54, 9)}),  # type: ignore[arg-type]
+                                record({"persona": (54, 10)}), record({"persona": (54, 3)})], 100)
+    success, searched = at_spend(default, baseline, "persona")
+    assert searched.tolist() == [True, True, True, False]  # the default never searched persona in the last item
+    assert success.tolist() == [True, False, False, False]  # 9 <= 6 + 3; 9 > 5 + 3; 10 > 6 + 3
+    assert default["spent"]["persona"] == [6, 5, 6, None]
+    row = equal_row(25, "persona", [(1, 3, 17, 1, 3), (0, 2, 8, 1, 2)], [(5, 48), (9, 48)])
+    assert row == "| 25 | persona | 1/5 | 5.0 | 2/5 | 14/96 | **not met** |"
+    assert equal_row(25, "text", [(2, 5, 10, 2, 5)], []).endswith("| 2/5 | - | met |")
 
 
 def test_a_recorded_section_replaces_its_namesake_and_the_contents_follow() -> None:

@@ -22,6 +22,7 @@ from flexsearch.errors import FlexsearchError
 from flexsearch.objectives import attack_eligible, get_objective
 from flexsearch.results.comparison import compare_runs, format_comparison
 from flexsearch.results.diversity import diversity, mean_pairwise_cosine
+from flexsearch.results.split import flex_attack_label
 
 runner = CliRunner()
 FAST = ["--set", "constraints=[protected_spans, unique_positions, polarity_guard]",
@@ -54,8 +55,11 @@ def test_a_prompt_belongs_to_the_family_of_what_it_carries(seed_items):
     assert cells == ["instruction:fake_majority.0", "persona:role_play.0", "textbugger:insert"]
     swapped = _persona(_persona(root, 0), 1)  # a slot's last template holds it
     assert templates_of(swapped) == ["persona:role_play.1"] and family_of(swapped) == "persona"
+    assert flex_attack_label(swapped) == ("persona", "persona:role_play.1")  # the split names what the prompt holds
+    assert flex_attack_label(_word(_instruction(swapped))) == (
+        "persona+refusal_suppression+text", "persona:role_play.1+instruction:fake_majority.0+textbugger:insert")
     cleared = swapped.with_slot("persona", "persona", "")  # a slot cleared holds no template
-    assert templates_of(cleared) == [] and family_of(cleared) is None
+    assert templates_of(cleared) == [] and family_of(cleared) is None and flex_attack_label(cleared) == ("none", "none")
 
 
 def _state(item, budget: int = 60) -> ItemState:

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from flexsearch.data.candidate import Candidate, replay, variant_id
+from flexsearch.data.candidate import Candidate, in_place, replay, variant_id
 from flexsearch.data.items import CONDITIONS, POLARITIES, Item, RecordFields, iter_csv, iter_jsonl
 from flexsearch.data.render import LETTERS
 from flexsearch.errors import InputError
@@ -44,11 +44,13 @@ class Attacked:
 def flex_attack_label(candidate: Candidate) -> tuple[str, str]:
     """FLEX's `attack` (family names, '+'-joined in chain order for a composition) and `attack_type`:
     flexsearch's own variant ids as `operator:variant` (e.g. `persona:hostile.3+textbugger:swap`), a form
-    no FLEX harness can mistake for its integer template indices. `none` when unattacked."""
-    if not candidate.edits:
+    no FLEX harness can mistake for its integer template indices; both name the edits the prompt holds (in_place: a
+    template swapped out is in `attack_chain`, not here). `none` when unattacked."""
+    edits = in_place(candidate.edits)
+    if not edits:
         return UNATTACKED, UNATTACKED
-    families = dict.fromkeys(FLEX_FAMILIES.get(e.operator, "text") for e in candidate.edits)
-    return "+".join(families), "+".join(variant_id(e) for e in candidate.edits)
+    families = dict.fromkeys(FLEX_FAMILIES.get(e.operator, "text") for e in edits)
+    return "+".join(families), "+".join(variant_id(e) for e in edits)
 
 
 def split_row(outcome_record: dict[str, Any], item: Item, prompt: str,
