@@ -17,7 +17,8 @@ Tango's interval, the exact McNemar test). The default shares its budget among t
 spends all of it in one: so each single family is also compared at equal effort, the baseline read item by item at
 the queries the default spent in that family (at_spend). A budget below the searched one reads first successes
 (`first_success_query <= budget`, per family too): exact for random, whose per-item search does not depend on the
-budget; a learned search is reported only at a budget it was searched at.
+budget, and at a larger budget where no item's budget stopped the run (bench_learner.exhausted); a learned search
+is reported only at a budget it was searched at.
 """
 
 from __future__ import annotations
@@ -214,11 +215,12 @@ def split_report(args: argparse.Namespace, encode: Encode) -> str:
         "1 and 2, the one with the narrower family split whose pooled union ASR is at least 0.95 of learned-narrow's; "
         "only 1 passed (48/96 and 46/96 against 50/96). A random search's outcome per item does not depend on its "
         "budget, so a run searched at a larger budget is read at a smaller one (first success within it; 'searched "
-        "at'); a learned search is read only at a budget it ran at. ASR: k/n over the attack-eligible items with the "
-        "Wilson 95% interval; a family's ASR counts the eligible items whose search scored a label-valid prompt of "
-        "that family, over those that searched it. Reference target `gemma3-bbq`: it reads whether a context is "
-        "ambiguous but not which person the evidence names (disambiguated accuracy 0.48), so these figures measure "
-        "the search, not a capable model's bias.", "",
+        "at'), and one that no item's budget stopped (every item ended a whole prompt short of it: random-persona "
+        "and random-instruction run out of templates) at a larger one; a learned search is read only at a budget it "
+        "ran at. ASR: k/n over the attack-eligible items with the Wilson 95% interval; a family's ASR counts the "
+        "eligible items whose search scored a label-valid prompt of that family, over those that searched it. "
+        "Reference target `gemma3-bbq`: it reads whether a context is ambiguous but not which person the evidence "
+        "names (disambiguated accuracy 0.48), so these figures measure the search, not a capable model's bias.", "",
         "### Issue 45's goals per budget, over the seeds", "",
         f"k/n summed over the seeds; strength: the default's union against learned-blind's, the goal's baseline "
         f"(≥ {STRENGTH}), and against learned-narrow's; "

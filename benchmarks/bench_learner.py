@@ -38,7 +38,7 @@ from tqdm.auto import tqdm
 
 from benchmarks.bench_attack import held_out_ambiguous, held_out_pool
 from benchmarks.common import BBQ, ROOT, record
-from flexsearch.config import load_config
+from flexsearch.config import load_config, prompts_per_candidate
 from flexsearch.data.audit import audit_rows, violations
 from flexsearch.data.candidate import Candidate, replay
 from flexsearch.data.items import Item
@@ -132,12 +132,27 @@ def saved_at(folder: Path, method: str, budget: int, objective: str = "stereotyp
              any_larger: bool = False) -> tuple[dict[str, Any], int] | None:
     """A saved search read at `budget`, and the budget it was searched at: the run searched at `budget`, else the
     smallest larger one where reading it at `budget` is exact (EXACT_AT_SMALLER), or for any method with
-    `any_larger` (the caller marks the figure: a budget-dependent search's learner learned from longer searches)."""
+    `any_larger` (the caller marks the figure: a budget-dependent search's learner learned from longer searches);
+    else, for a search of EXACT_AT_SMALLER, the largest smaller run that no item's budget stopped (exhausted)."""
     searched = sorted(int(m["budget"]) for p in folder.glob(f"{method}-{objective}-b*.json")
-                      if (m := RUN_NAME.fullmatch(p.stem)) and m["method"] == method and int(m["budget"]) >= budget)
-    if not searched or (searched[0] != budget and method not in EXACT_AT_SMALLER and not any_larger):
-        return None
-    return read_saved(run_file(folder, method, objective, searched[0])), searched[0]
+                      if (m := RUN_NAME.fullmatch(p.stem)) and m["method"] == method)
+    larger = [b for b in searched if b >= budget]
+    if larger and (larger[0] == budget or method in EXACT_AT_SMALLER or any_larger):
+        return read_saved(run_file(folder, method, objective, larger[0])), larger[0]
+    smaller = [b for b in searched if b < budget]
+    if method in EXACT_AT_SMALLER and smaller:
+        run = read_saved(run_file(folder, method, objective, smaller[-1]))
+        if exhausted(run, smaller[-1]):
+            return run, smaller[-1]
+    return None
+
+
+def exhausted(run: dict[str, Any], budget: int) -> bool:
+    """Whether every item of a run ended a whole prompt short of its budget (at a success, or with nothing left to
+    propose): a search whose per-item outcome does not depend on the budget would then end alike at any larger one
+    (random search in one family runs out of templates: persona after 57 queries)."""
+    records = run.get("records") or []
+    return bool(records) and all(r["queries"] + prompts_per_candidate(True) <= budget for r in records)
 
 
 def reported_methods(folders: list[Path]) -> list[str]:
@@ -496,13 +511,13 @@ def seeds_report(args: argparse.Namespace) -> None:
              "split over seeds\"). Seeds "
              f"{', '.join(map(str, args.seeds))}: each draws its own items and the search's own draws. ASR k/n over "
              "the attack-eligible items; a per-item method (random, random-screen, beam) and prior and fixed (they "
-             "stop at a success) read smaller budgets from a larger run's first successes, a learned one only at a "
-             "budget it searched. `learned` is the default (the family search), `learned-blind` the learned search "
-             "before attack families (`families=[]`: it stops at the first success), `learned-noscreen` the default "
-             "without the screen, `random-screen` random search with it, `beam` the default before the learner. "
-             "`prior` samples from the learned prior without search and `fixed` applies the best "
-             "single template, each half of the items with the learner of the learned b100 run's other half "
-             "(prior_sampled).",
+             "stop at a success) read smaller budgets from a larger run's first successes (and larger ones from a run "
+             "no item's budget stopped), a learned one only at a budget it searched. `learned` is the default (the "
+             "family search), `learned-blind` the learned search before attack families (`families=[]`: it stops at "
+             "the first success), `learned-noscreen` the default without the screen, `random-screen` random search "
+             "with it, `beam` the default before the learner. `prior` samples from the learned prior without search "
+             "and `fixed` applies the best single template, each half of the items with the learner of the learned "
+             "b100 run's other half (prior_sampled).",
              ""]
 
     def read(folder: Path, method: str, budget: int) -> dict[str, Any] | None:

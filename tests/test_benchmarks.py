@@ -137,7 +137,7 @@ def test_the_benchmarks_read_random_at_smaller_budgets_and_a_learned_search_only
     success), so its b100 run answers for b25 and b40; a learned search is read only at a budget it was searched at
     (its choices depend on the budget), unless the caller asks for a larger run to mark."""
     from benchmarks.bench_families import outcomes, within
-    from benchmarks.bench_learner import reported_methods, run_file, saved_at, saved_methods
+    from benchmarks.bench_learner import exhausted, reported_methods, run_file, saved_at, saved_methods
     from flexsearch.files import atomic_write_json
 
     for method, budget in (("random", 100), ("random-persona", 40), ("learned", 25), ("learned", 100),
@@ -147,7 +147,17 @@ def test_the_benchmarks_read_random_at_smaller_budgets_and_a_learned_search_only
     assert saved_at(tmp_path, "random", 25) == ({"method": "random", "budget": 100}, 100)
     found = saved_at(tmp_path, "random-persona", 25)
     assert found is not None and found[1] == 40
-    assert saved_at(tmp_path, "random-persona", 100) is None  # never read above its own budget
+    assert saved_at(tmp_path, "random-persona", 100) is None  # not read above its own budget: no records to show
+    # that no item's budget stopped it
+    ran_out = {"method": "random-instruction", "records": [{"queries": 48}, {"queries": 9}]}  # out of templates
+    atomic_write_json(run_file(tmp_path, "random-instruction", "stereotype", 100), ran_out)
+    assert saved_at(tmp_path, "random-instruction", 150) == (ran_out, 100)  # exact at any larger budget
+    stopped = {"method": "random-text", "records": [{"queries": 9}, {"queries": 98}]}  # 98 + 3 > 100: the budget
+    atomic_write_json(run_file(tmp_path, "random-text", "stereotype", 100), stopped)
+    assert saved_at(tmp_path, "random-text", 150) is None
+    assert exhausted(ran_out, 51) and not exhausted(ran_out, 50) and not exhausted({"records": []}, 100)
+    atomic_write_json(run_file(tmp_path, "learned-blind", "stereotype", 100), {**ran_out, "method": "learned-blind"})
+    assert saved_at(tmp_path, "learned-blind", 150) is None  # a learned search's figure depends on its budget
     found = saved_at(tmp_path, "learned", 25)
     assert found is not None and found[1] == 25
     assert saved_at(tmp_path, "learned", 40) is None
@@ -159,8 +169,10 @@ def test_the_benchmarks_read_random_at_smaller_budgets_and_a_learned_search_only
     assert saved_at(tmp_path, "beam", 100) is None  # the control's run is not the main one
     found = saved_at(tmp_path, "beam", 40, "anti_stereotype")
     assert found is not None and found[1] == 100
-    assert saved_methods(tmp_path) == {"random", "random-persona", "learned", "prior", "random-screen", "beam"}
-    assert reported_methods([tmp_path]) == ["learned", "beam", "random", "random-screen", "prior"]  # families' apart
+    assert saved_methods(tmp_path) == {"random", "random-persona", "learned", "prior", "random-screen", "beam",
+                                       "random-instruction", "random-text", "learned-blind"}
+    assert reported_methods([tmp_path]) == ["learned", "learned-blind", "beam", "random", "random-screen",
+                                            "prior"]  # the family baselines are bench_families'
     assert within(40, 40) and not within(41, 40) and not within(None, 100)
     item_records = [{"clean_probs": [0.1, 0.8, 0.1], "first_success_query": 30,
                      "families": {"persona": {"first_success_query": 30, "queries": 12},
