@@ -134,8 +134,9 @@ def test_the_learner_benchmark_reads_first_successes_at_each_budget() -> None:
 def test_the_benchmarks_read_random_at_smaller_budgets_and_a_learned_search_only_where_it_ran(
         tmp_path: Path) -> None:
     """Random search's per-item outcome does not depend on its budget (nor do prior and fixed, which stop at a
-    success), so its b100 run answers for b25 and b40; a learned search is read only at a budget it was searched at
-    (its choices depend on the budget), unless the caller asks for a larger run to mark."""
+    success), so its b100 run answers for b25 and b40, and for b150 where no item's budget stopped it; a learned
+    search is read only at a budget it was searched at (its choices depend on the budget), unless the caller asks for
+    a larger run to mark."""
     from benchmarks.bench_families import outcomes, within
     from benchmarks.bench_learner import exhausted, reported_methods, run_file, saved_at, saved_methods
     from flexsearch.files import atomic_write_json
