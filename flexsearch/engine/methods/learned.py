@@ -55,7 +55,7 @@ class Learned:
     With `families` (DESIGN.md "Attack families") the round also serves each family still without a success, and
     the item's search goes on after its first success until every family has one or the budget is spent."""
 
-    reads = ("steps", "population", "family_share", "coverage", "headline_coverage")
+    reads = ("steps", "population", "family_share", "coverage", "headline_coverage", "headline_leaders")
 
     @staticmethod
     def search(ctx: SearchContext, state: ItemState) -> SearchMethod:
@@ -158,8 +158,10 @@ def family_search(ctx: SearchContext, state: ItemState) -> SearchMethod:
         best = state.best or root
         parents = {prompt_key(p): p for p in [best, root, *(state.families[f].candidate for f in families
                                                             if f in state.families and state.families[f].orders > 1)]}
-        headline: list[tuple[float, int, Candidate, str | None]] = []  # the proposals on the best prompt
+        # the proposals on the best prompt: (rank value, order, candidate, expected lead before the archive term)
+        headline: list[tuple[float, int, Candidate, float]] = []
         expected: dict[tuple[Any, ...], tuple[float, int, Candidate, str | None]] = {}
+        weight = ctx.config.headline_coverage * (1 - state.queries / state.budget if ctx.config.headline_fade else 1)
         for parent in parents.values():  # the best prompt's first: its draws come in the blind search's order
             base = state.scored[prompt_key(parent)]
             for candidate in learned_proposals(ctx, state, parent):
@@ -171,20 +173,22 @@ def family_search(ctx: SearchContext, state: ItemState) -> SearchMethod:
                 if parent is best and not state.succeeded:  # the headline (read until the first success),
                     # ranked lower the more its templates hold of the category's successes
                     crowded = archive.share(category, family, templates_of(candidate)) if family else 0.0
-                    headline.append((entry[0] - ctx.config.headline_coverage * crowded, *entry[1:]))
+                    headline.append((entry[0] - weight * crowded, entry[1], candidate, entry[0]))
                 if key not in expected or entry[0] > expected[key][0]:
                     expected[key] = entry
-        by_lead = sorted(headline, key=lambda t: (-t[0], t[1]))
+        by_lead = [c for _, _, c, _ in sorted(headline, key=lambda t: (-t[0], t[1]))]
+        by_gain = [c for _, _, c, _ in sorted(headline, key=lambda t: (-t[3], t[1]))]
         pick = FirstAdmissible(ctx)
         chosen: list[Candidate] = []
         population = ctx.config.population
         if not state.succeeded:  # the headline first: until the first success families get `family_share` of it
             owed = math.floor(ctx.config.family_share * (proposed + population)) - for_families
-            while len(chosen) < population - min(max(owed, 0), population - 1):
-                found = pick([c for _, _, c, _ in by_lead])
-                if found is None:
-                    break
-                chosen.append(found)
+            slots = population - min(max(owed, 0), population - 1)
+            leaders = min(ctx.config.headline_leaders, slots) if state.queries >= ctx.config.leaders_after * state.budget else 0
+            for ranked in [by_gain] * leaders + [by_lead] * (slots - leaders):  # the leaders first
+                found = pick(ranked)
+                if found is not None:
+                    chosen.append(found)
         headline_picks = list(chosen)
         ceiling = {f: crowding(state, f) if state.family_succeeded(f) else math.inf for f in families}
         served = {f: sorted(((v - ctx.config.coverage * archive.share(category, f, templates_of(c)), order, c)
@@ -202,7 +206,7 @@ def family_search(ctx: SearchContext, state: ItemState) -> SearchMethod:
                 else:
                     chosen.append(found)
         while len(chosen) < population and not state.succeeded:  # no family left to serve: the headline
-            found = pick([c for _, _, c, _ in by_lead])
+            found = pick(by_lead)
             if found is None:
                 break
             chosen.append(found)
