@@ -124,9 +124,16 @@ bench: setup-dev setup-served
 		"family_share --value 0.1" "family_share --value 0.4" "coverage --value 0" "coverage --value 1"; do \
 		$(BIN)/python -m benchmarks.tune_learner --bbq $(BBQ) --seed 0 --constant $$run || exit 1; done
 	$(BIN)/python -m benchmarks.tune_learner --bbq $(BBQ) --report --seeds 0
+	# the headline's late leader (leader_after), checked on the dev split against the search before it
+	for run in "learned --budget 25" "learned --budget 40" "learned-noleader --budget 25" \
+		"learned-noleader --budget 40"; do \
+		$(BIN)/python -m benchmarks.bench_learner --bbq $(BBQ) --split dev --items 48 --seed 0 --search $$run \
+			|| exit 1; done
+	$(BIN)/python -m benchmarks.bench_families --bbq $(BBQ) --split dev --items 48 --seeds 0 --budgets 25 40
 	for seed in 0 1 2; do for run in "learned --budget 10" "learned --budget 25" "learned --budget 40" \
 		"learned --budget 50" "learned --budget 100" "learned-blind --budget 25" "learned-blind --budget 40" \
-		"learned-blind --budget 100" "learned-noscreen --budget 10" "learned-noscreen --budget 25" \
+		"learned-blind --budget 100" "learned-noleader --budget 25" "learned-noleader --budget 40" \
+		"learned-noleader --budget 100" "learned-noscreen --budget 10" "learned-noscreen --budget 25" \
 		"learned-noscreen --budget 50" "learned-noscreen --budget 100" "random --budget 100" \
 		"random-screen --budget 100" "beam --budget 100" "random-persona --budget 100" \
 		"random-instruction --budget 100" "random-text --budget 100" "prior --budget 100"; do \

@@ -71,10 +71,7 @@ SEARCHES: dict[str, tuple[str, list[str]]] = {  # method → (preset, overrides)
     "learned-blind": ("default", ["families=[]"]),  # the learned default before attack families (issue 45)
     "learned-narrow": ("default", ["headline_coverage=0"]),  # the family search before the headline's archive term
     "learned-headline2": ("default", ["headline_coverage=2"]),  # the archive term at twice the default's weight
-    "learned-leaders1": ("default", ["headline_leaders=1"]),  # a headline proposal a round by drawn gain alone
-    "learned-leaders2": ("default", ["headline_leaders=2"]),
-    "learned-fade": ("default", ["headline_fade=true"]),
-    "learned-lateleader": ("default", ["headline_leaders=1", "leaders_after=0.5"]),
+    "learned-noleader": ("default", ["leader_after=1"]),  # the family search before the headline's late leader
     "beam": ("beam", ["steps=100"]),
     "random": ("beam", RANDOM),
     "random-screen": ("beam", [*RANDOM, "screen_lead=-0.5"]),  # random with the default's pruning (issue 46)

@@ -67,11 +67,9 @@ class SearchConfig:
     # before an item's first success, how much a headline proposal's archive share (its family cell) lowers its rank:
     # the headline's first success becomes its family's, so a headline that repeats the leader narrows the split
     headline_coverage: float = 1.0
-    # of those headline proposals, how many a round are ranked by drawn gain alone (as the family-blind search ranks
-    # them): an item that breaks only under the leader still gets it, the rest of the round goes to rarer templates
-    headline_leaders: int = 0
-    leaders_after: float = 0.0  # the share of the item's budget spent before the leader slots open
-    headline_fade: bool = False  # the archive term weighted by the share of the item's budget left
+    # once this share of an item's budget is spent without a success, one headline proposal a round is ranked by
+    # drawn gain alone (as the family-blind search ranks it): an item only the leader breaks still gets it; 1: never
+    leader_after: float = 0.5
     family_share: float = 0.4  # before an item's first success, the share of its candidates that serve open families
     operators: list[Any] = field(default_factory=lambda: [{"name": "persona", "n": 2},
                                                           {"name": "instruction", "n": 2},
@@ -215,7 +213,7 @@ _RANGES: dict[str, tuple[float, str]] = {  # setting → (least value, why)
     "screen_lead": (-1, "an aim lead; -1 screens nothing"),
     "coverage": (0, "a weight on the archive share"),
     "headline_coverage": (0, "a weight on the archive share"),
-    "headline_leaders": (0, "headline proposals a round"),
+    "leader_after": (0, "a share of the budget"),
 }
 _BELOW: dict[str, float] = {"success_margin": 1, "screen_lead": 1}  # setting → the value it must stay under
 _CHOICES: dict[str, tuple[str, ...]] = {"importance": ("leave_one_out", "gradient"),

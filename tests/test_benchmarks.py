@@ -190,13 +190,13 @@ def test_the_benchmarks_read_random_at_smaller_budgets_and_a_learned_search_only
 
 def test_the_families_goals_are_judged_on_counts_summed_over_the_seeds_and_only_where_every_seed_has_them() -> None:
     """Issue 45's goals per budget: strength is the default's summed union successes over learned-blind's (the
-    learned default when the issue was filed) and over learned-narrow's (0.95),
+    learned default when the issue was filed) and over learned-noleader's, the default before (0.95),
     width counts the seeds meeting both limits, a family is met when its summed rate reaches its baseline's, and a
     goal whose baseline did not run on every seed is said to be missing, never judged."""
     from benchmarks.bench_families import goal_row
 
     union = {"learned": [(18, 48), (13, 48)], "learned-blind": [(16, 48), (15, 48)],
-             "learned-narrow": [(19, 48), (14, 48)]}
+             "learned-noleader": [(19, 48), (14, 48)]}
     families = {("learned", "persona"): [(5, 48), (4, 48)], ("random-persona", "persona"): [(5, 48), (9, 48)],
                 ("learned", "instruction"): [(2, 23), (3, 20)],
                 ("random-instruction", "instruction"): [(2, 48), (1, 48)],
@@ -208,7 +208,7 @@ def test_the_families_goals_are_judged_on_counts_summed_over_the_seeds_and_only_
                      "5/43 vs 3/96: met", "0/35 (no baseline on every seed)", "31/96 vs 18/96: met"]
     union["learned"] = [(19, 48), (13, 48)]  # 32/33 = 0.97
     assert "32/96 vs 33/96 = 0.97: met" in goal_row(25, union, families, [])
-    assert goal_row(40, {"learned": [(1, 48)], "learned-blind": [], "learned-narrow": []}, {}, []) == \
+    assert goal_row(40, {"learned": [(1, 48)], "learned-blind": [], "learned-noleader": []}, {}, []) == \
         "| 40 | - | - | - | - | - | - | - |"
 
 

@@ -169,8 +169,8 @@ def test_a_family_whose_success_repeats_the_archive_stays_open_for_rarer_templat
 
 def test_the_headline_ranks_a_proposal_lower_the_more_its_templates_hold_the_archive(seed_items, tiny_scorer):
     """`headline_coverage` (issue 45): the headline's first success is also its family's, so before it the headline
-    ranks a proposal lower by its archive share; at 0 the archive does not move the headline. `headline_leaders`
-    slots a round still go by drawn gain alone, so the leader is not starved on an item only it breaks."""
+    ranks a proposal lower by its archive share; at 0 the archive does not move the headline. Once `leader_after`
+    of the budget is spent, one slot a round goes by drawn gain alone: an item only the leader breaks still gets it."""
     from flexsearch.engine.loop import build_context
     from flexsearch.engine.methods.learned import family_search
 
@@ -178,10 +178,10 @@ def test_the_headline_ranks_a_proposal_lower_the_more_its_templates_hold_the_arc
     clean = np.full(3, 0.1)
     clean[item.gold] = 0.8
 
-    def headline_picks(weight: float, crowded: str | None, leaders: int = 0) -> list[list[str]]:
+    def headline_picks(weight: float, crowded: str | None, leader_after: float = 1) -> list[list[str]]:
         config = load_config("default", ["families=[persona]", "operators=[{name: persona, n: 2}]", "population=4",
                                          "family_share=0", f"headline_coverage={weight}",
-                                         f"headline_leaders={leaders}"], budget=60)
+                                         f"leader_after={leader_after}"], budget=60)
         state = _state(item)
         if crowded:
             state.learner.archive.cells[(item.category, "persona", crowded)] = 3
@@ -192,7 +192,8 @@ def test_the_headline_ranks_a_proposal_lower_the_more_its_templates_hold_the_arc
     leader = headline_picks(1.0, None)[0][0]  # what the headline scores first with nothing in the archive
     assert headline_picks(0.0, leader)[0] == [leader]  # the archive does not move a headline it has no weight in
     assert [leader] not in headline_picks(1.0, leader)  # the one crowded template of the cell: ranked below the rest
-    with_leader = headline_picks(1.0, leader, leaders=1)
+    assert headline_picks(1.0, leader, leader_after=0.5) == headline_picks(1.0, leader)  # 1 query of 60 spent
+    with_leader = headline_picks(1.0, leader, leader_after=0)
     assert with_leader[0] == [leader] and with_leader[1:] == headline_picks(1.0, leader)[:3]  # then the archive's order
 
 

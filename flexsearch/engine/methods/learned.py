@@ -55,7 +55,7 @@ class Learned:
     With `families` (DESIGN.md "Attack families") the round also serves each family still without a success, and
     the item's search goes on after its first success until every family has one or the budget is spent."""
 
-    reads = ("steps", "population", "family_share", "coverage", "headline_coverage", "headline_leaders")
+    reads = ("steps", "population", "family_share", "coverage", "headline_coverage", "leader_after")
 
     @staticmethod
     def search(ctx: SearchContext, state: ItemState) -> SearchMethod:
@@ -136,9 +136,11 @@ def family_search(ctx: SearchContext, state: ItemState) -> SearchMethod:
     prompt and each open family's best. Until the item's first success the headline's proposals are scored (those
     on the best prompt ranked by drawn gain, as the family-blind search ranks them, less `headline_coverage` times
     the archive share of the proposal's templates: the first success is also its family's, so a headline that
-    repeats the leader narrows the family split) but for `family_share` of the candidates, at least one a round
-    left to the headline. Those, and every slot after the first success, go in turn
-    to each open family not yet in the round (open_families): its proposals from any of those prompts ranked by
+    repeats the leader narrows the family split; once `leader_after` of the budget is spent, the round's first
+    headline pick goes by drawn gain alone, so an item only the leader breaks still gets it) but for
+    `family_share` of the candidates, at least one a round left to the headline. Those, and every slot after the
+    first success, go in turn to each open family not yet in the round (open_families): its proposals from any of
+    those prompts ranked by
     expected lead (the prompt's lead plus the drawn gain), a prompt whose templates already carry much of this
     category's successes in the family ranked lower (`coverage`); a family with a success is served only prompts
     whose templates the archive holds less than its success's."""
@@ -161,7 +163,6 @@ def family_search(ctx: SearchContext, state: ItemState) -> SearchMethod:
         # the proposals on the best prompt: (rank value, order, candidate, expected lead before the archive term)
         headline: list[tuple[float, int, Candidate, float]] = []
         expected: dict[tuple[Any, ...], tuple[float, int, Candidate, str | None]] = {}
-        weight = ctx.config.headline_coverage * (1 - state.queries / state.budget if ctx.config.headline_fade else 1)
         for parent in parents.values():  # the best prompt's first: its draws come in the blind search's order
             base = state.scored[prompt_key(parent)]
             for candidate in learned_proposals(ctx, state, parent):
@@ -173,7 +174,7 @@ def family_search(ctx: SearchContext, state: ItemState) -> SearchMethod:
                 if parent is best and not state.succeeded:  # the headline (read until the first success),
                     # ranked lower the more its templates hold of the category's successes
                     crowded = archive.share(category, family, templates_of(candidate)) if family else 0.0
-                    headline.append((entry[0] - weight * crowded, entry[1], candidate, entry[0]))
+                    headline.append((entry[0] - ctx.config.headline_coverage * crowded, entry[1], candidate, entry[0]))
                 if key not in expected or entry[0] > expected[key][0]:
                     expected[key] = entry
         by_lead = [c for _, _, c, _ in sorted(headline, key=lambda t: (-t[0], t[1]))]
@@ -184,8 +185,8 @@ def family_search(ctx: SearchContext, state: ItemState) -> SearchMethod:
         if not state.succeeded:  # the headline first: until the first success families get `family_share` of it
             owed = math.floor(ctx.config.family_share * (proposed + population)) - for_families
             slots = population - min(max(owed, 0), population - 1)
-            leaders = min(ctx.config.headline_leaders, slots) if state.queries >= ctx.config.leaders_after * state.budget else 0
-            for ranked in [by_gain] * leaders + [by_lead] * (slots - leaders):  # the leaders first
+            leaders = 1 if state.queries >= ctx.config.leader_after * state.budget else 0  # slots is at least 1
+            for ranked in [by_gain] * leaders + [by_lead] * (slots - leaders):  # the leader first
                 found = pick(ranked)
                 if found is not None:
                     chosen.append(found)
