@@ -209,7 +209,9 @@ def split_report(args: argparse.Namespace, encode: Encode) -> str:
                        for family, counts in equal.items()]
     about = "templates no constant was chosen on" if args.split == "test" else \
         "its templates are where headline_coverage and leader_after were chosen"
-    tried = "".join(f", `{m}` {TRIED.get(m, 'a variant')}" for m in args.also)
+    tried = "".join(f", `{m}` {TRIED.get(m, 'a variant')}" for m in args.also) + (
+        " (searched at commit 53a224c, where their settings existed; there `learned` was `learned-lateleader`, the "
+        "same search, its runs renamed)" if args.also else "")
     return "\n".join([
         f"bench_learner's {args.split} split ({about}; issue 46), {args.items} ambiguous items a seed, seeds "
         f"{', '.join(map(str, args.seeds))} (each draws its own items and the search's draws), stereotype objective, "
