@@ -114,8 +114,8 @@ def width_text(measures: dict[str, Any]) -> str:
 
 
 # on a dev/test split: the default, the learned default when issue 45 was filed (family-blind), the family search
-# before the headline's archive term (and that term at twice the weight, tried on dev), plain random search, and
-# random search restricted to each family
+# before the headline's late leader (the default before), plain random search, and random search restricted to each
+# family
 SPLIT_METHODS = ("learned", "learned-blind", "learned-noleader", "random", "random-persona", "random-instruction",
                  "random-text")
 PREVIOUS = "learned-noleader"  # the default before the change the section measures (its paired comparison)

@@ -140,10 +140,9 @@ def family_search(ctx: SearchContext, state: ItemState) -> SearchMethod:
     headline pick goes by drawn gain alone, so an item only the leader breaks still gets it) but for
     `family_share` of the candidates, at least one a round left to the headline. Those, and every slot after the
     first success, go in turn to each open family not yet in the round (open_families): its proposals from any of
-    those prompts ranked by
-    expected lead (the prompt's lead plus the drawn gain), a prompt whose templates already carry much of this
-    category's successes in the family ranked lower (`coverage`); a family with a success is served only prompts
-    whose templates the archive holds less than its success's."""
+    those prompts ranked by expected lead (the prompt's lead plus the drawn gain), a prompt whose templates already
+    carry much of this category's successes in the family ranked lower (`coverage`); a family with a success is
+    served only prompts whose templates the archive holds less than its success's."""
     root = Candidate.root(state.item)
     yield Request([root])
     category = state.item.category
@@ -188,8 +187,9 @@ def family_search(ctx: SearchContext, state: ItemState) -> SearchMethod:
             leaders = 1 if state.queries >= ctx.config.leader_after * state.budget else 0  # slots is at least 1
             for ranked in [by_gain] * leaders + [by_lead] * (slots - leaders):  # the leader first
                 found = pick(ranked)
-                if found is not None:
-                    chosen.append(found)
+                if found is None:  # both rankings hold the same proposals: none is left
+                    break
+                chosen.append(found)
         headline_picks = list(chosen)
         ceiling = {f: crowding(state, f) if state.family_succeeded(f) else math.inf for f in families}
         served = {f: sorted(((v - ctx.config.coverage * archive.share(category, f, templates_of(c)), order, c)
