@@ -119,10 +119,16 @@ def width_text(measures: dict[str, Any]) -> str:
 SPLIT_METHODS = ("learned", "learned-blind", "learned-noleader", "random", "random-persona", "random-instruction",
                  "random-text")
 PREVIOUS = "learned-noleader"  # the default before the change the section measures (its paired comparison)
-TRIED = {  # variants tried on the dev split and not kept, searched at commit 53a224c (`--also`)
-    "learned-leaders1": "one headline proposal a round by drawn gain alone from the start (tried on dev)",
-    "learned-leaders2": "two such proposals a round (tried on dev)",
-    "learned-fade": "the headline's archive term weighted by the share of the budget left (tried on dev)",
+TRIED = {  # variants tried on the dev split and not kept (`--also`) → (what, the commit whose settings searched it,
+    # the default it was tried against: its paired comparison)
+    "learned-leaders1": ("one headline proposal a round by drawn gain alone from the start", "53a224c", PREVIOUS),
+    "learned-leaders2": ("two such proposals a round", "53a224c", PREVIOUS),
+    "learned-fade": ("the headline's archive term weighted by the share of the budget left", "53a224c", PREVIOUS),
+    "learned-allot": ("the open families' slots ordered by the drawn lead of each family's best proposal, each family "
+                      "queried once first (family_allocation gain)", "25dff61", "learned"),
+    "learned-allot5": ("the same with family_share 0.5", "25dff61", "learned"),
+    "learned-screen25": ("a stricter screen, screen_lead -0.25", "25dff61", "learned"),
+    "learned-screen0": ("screen_lead 0", "25dff61", "learned"),
 }
 SINGLE_FAMILIES = tuple(f for f, m in BASELINE.items() if m != "random")  # those with a baseline restricted to them
 STRENGTH = 0.95  # issue 45's goals: the default's union ASR at least this share of the earlier learned search's,
@@ -181,7 +187,7 @@ def split_report(args: argparse.Namespace, encode: Encode) -> str:
                             + " | ".join(family_rate_text(result, f) for f in FAMILIES)
                             + f" | {width_text(diversity(headline, encode))} | {width_text(family_width)} |")
             for method, against in (("learned", "learned-blind"), ("learned", PREVIOUS),
-                                    *((also, PREVIOUS) for also in args.also)):
+                                    *((also, TRIED[also][2] if also in TRIED else PREVIOUS) for also in args.also)):
                 if method in found and against in found:
                     new, old = found[method], found[against]
                     diff = rate_difference(new["union"], new["eligible"], old["union"], old["eligible"])
@@ -209,9 +215,10 @@ def split_report(args: argparse.Namespace, encode: Encode) -> str:
                        for family, counts in equal.items()]
     about = "templates no constant was chosen on" if args.split == "test" else \
         "its templates are where headline_coverage and leader_after were chosen"
-    tried = "".join(f", `{m}` {TRIED.get(m, 'a variant')}" for m in args.also) + (
-        " (searched at commit 53a224c, where their settings existed; there `learned` was `learned-lateleader`, the "
-        "same search, its runs renamed)" if args.also else "")
+    tried = "".join(f", `{m}` {TRIED[m][0]} (tried on dev; searched at commit {TRIED[m][1]})" if m in TRIED
+                    else f", `{m}` a variant" for m in args.also) + (
+        " (at commit 53a224c `learned` was `learned-lateleader`, the same search, its runs renamed)"
+        if any(TRIED.get(m, ("", ""))[1] == "53a224c" for m in args.also) else "")
     return "\n".join([
         f"bench_learner's {args.split} split ({about}; issue 46), {args.items} ambiguous items a seed, seeds "
         f"{', '.join(map(str, args.seeds))} (each draws its own items and the search's draws), stereotype objective, "
@@ -229,7 +236,15 @@ def split_report(args: argparse.Namespace, encode: Encode) -> str:
         "then the narrower split's top template at 40. Only leader_after 0.5 passed (44/96 against 42/96; leaders1 "
         "and leaders2 broke the width goal at 40, fade did not add union ASR). headline_coverage was chosen on the "
         "dev split before it (benchmarks/EXPERIMENTS.md, 'Attack families on the dev split over seeds: the "
-        "headline's archive term'). A random search's outcome per item does not depend on its "
+        "headline's archive term'). Two recipes for the single families were tried there after it (stop 63), each by "
+        "a rule written down before its searches, and refused, so the default stays: the learner ordering the open "
+        "families' slots (allot; allot5 with family_share 0.5), kept only with union ASR summed over both budgets at "
+        "least the default's 44/96, more than its 8 single-family successes and the width goals at both budgets: "
+        "union 42 and 41, single-family successes 9 and 9, the family split's top template at 25 and 40 0.29 and "
+        "0.26, 0.30 and 0.28 (refused: width); a stricter screen (screen25, screen0), kept only with union at least "
+        "44, single-family successes at least 8, their sum above 52 and the width goals at both budgets: union 45 "
+        "and 42, single-family successes 6 and 3 (refused: single families; screen0 also width). A random search's "
+        "outcome per item does not depend on its "
         "budget, so a run searched at a larger budget is read at a smaller one (first success within it; 'searched "
         "at'), and one that no item's budget stopped (every item ended a whole prompt short of it: random-persona "
         "and random-instruction run out of templates) at a larger one; a learned search is read only at a budget it "

@@ -72,12 +72,6 @@ SEARCHES: dict[str, tuple[str, list[str]]] = {  # method → (preset, overrides)
     "learned-narrow": ("default", ["headline_coverage=0"]),  # the family search before the headline's archive term
     "learned-headline2": ("default", ["headline_coverage=2"]),  # the archive term at twice the default's weight
     "learned-noleader": ("default", ["leader_after=1"]),  # the family search before the headline's late leader
-    # the learner shares an item's family slots (tried on the dev split)
-    "learned-allot": ("default", ["family_allocation=gain"]),
-    "learned-allot5": ("default", ["family_allocation=gain", "family_share=0.5"]),
-    # a stricter screen: more candidates at one query each (tried on the dev split)
-    "learned-screen25": ("default", ["screen_lead=-0.25"]),
-    "learned-screen0": ("default", ["screen_lead=0"]),
     "beam": ("beam", ["steps=100"]),
     "random": ("beam", RANDOM),
     "random-screen": ("beam", [*RANDOM, "screen_lead=-0.5"]),  # random with the default's pruning (issue 46)

@@ -18,7 +18,7 @@ import yaml
 from flexsearch.data.candidate import Candidate
 from flexsearch.data.items import Item
 from flexsearch.data.render import MODES, SLOTS, SYSTEM_NEEDS_CHAT
-from flexsearch.engine.families import FAMILIES, FAMILY_ALLOCATIONS
+from flexsearch.engine.families import FAMILIES
 from flexsearch.errors import LARGEST, FlexsearchError, InputError
 from flexsearch.files import read_text
 from flexsearch.objectives import SUCCESS_MARGIN
@@ -71,9 +71,6 @@ class SearchConfig:
     # drawn gain alone (as the family-blind search ranks it): an item only the leader breaks still gets it; 1: never
     leader_after: float = 0.5
     family_share: float = 0.4  # before an item's first success, the share of its candidates that serve open families
-    # the order in which open families take a round's family slots: "even" the least queried on the item first;
-    # "gain" one not yet queried first, then the one whose best proposal the learner draws the highest lead for
-    family_allocation: str = "even"
     operators: list[Any] = field(default_factory=lambda: [{"name": "persona", "n": 2},
                                                           {"name": "instruction", "n": 2},
                                                           {"name": "textbugger", "positions": 1,
@@ -220,7 +217,6 @@ _RANGES: dict[str, tuple[float, str]] = {  # setting → (least value, why)
 }
 _BELOW: dict[str, float] = {"success_margin": 1, "screen_lead": 1}  # setting → the value it must stay under
 _CHOICES: dict[str, tuple[str, ...]] = {"importance": ("leave_one_out", "gradient"),
-                                        "family_allocation": FAMILY_ALLOCATIONS,
                                         "proposals": PROPOSALS, "scoring.mode": MODES, "scoring.slot": SLOTS}
 
 

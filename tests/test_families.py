@@ -16,7 +16,7 @@ from flexsearch.cli import app
 from flexsearch.config import load_config
 from flexsearch.data.candidate import Candidate
 from flexsearch.engine.families import FAMILIES, FLEX_NAMES, Archive, family_of, templates_of
-from flexsearch.engine.methods.learned import by_drawn_lead, open_families
+from flexsearch.engine.methods.learned import open_families
 from flexsearch.engine.state import ItemState, Request
 from flexsearch.errors import FlexsearchError
 from flexsearch.objectives import attack_eligible, get_objective
@@ -139,63 +139,6 @@ def test_open_families_serve_the_least_served_first_and_honour_fixed_shares(seed
     assert "instruction" not in open_families(ctx, state)  # it has its success, its template not yet in the archive
 
 
-def test_gain_allocation_serves_an_unqueried_family_first_then_the_highest_drawn_lead(seed_items):
-    """`family_allocation: gain`: each open family is queried once, then the family slots go by the drawn lead of
-    each family's best proposal, a family with its success last."""
-    item = seed_items[0]
-    state = _state(item)
-    root = Candidate.root(item)
-    state.record(Request([root]), np.eye(3)[item.gold][None])
-    proposal = (0.0, 0, root)  # by_drawn_lead reads only each list's first value
-
-    def served(persona: float, instruction: float, text: float) -> dict[str, list[tuple[float, int, Candidate]]]:
-        return {"persona": [(persona, 0, root)], "instruction": [(instruction, 1, root), proposal],
-                "text": [(text, 2, root)]}
-
-    assert by_drawn_lead(state, served(0.9, 0.5, 0.1)) == ["persona", "instruction", "text"]  # none queried yet
-    state.record(Request([_persona(root), _instruction(root)]), np.array([np.eye(3)[item.gold]] * 2))
-    assert by_drawn_lead(state, served(0.9, 0.5, 0.1)) == ["text", "persona", "instruction"]  # text not yet queried
-    state.record(Request([_word(root)]), np.eye(3)[item.gold][None])
-    assert by_drawn_lead(state, served(0.2, 0.5, 0.1)) == ["instruction", "persona", "text"]
-    assert by_drawn_lead(state, served(0.2, 0.5, 0.7)) == ["text", "instruction", "persona"]
-    empty = {**served(0.2, 0.5, 0.7), "text": []}
-    assert by_drawn_lead(state, empty) == ["instruction", "persona", "text"]  # nothing left to propose: last
-    state.record(Request([_instruction(root, 1)]), np.eye(3)[item.target][None])
-    assert state.family_succeeded("instruction")
-    assert by_drawn_lead(state, served(0.2, 0.9, 0.1)) == ["persona", "text", "instruction"]  # its success: last
-
-
-@pytest.mark.parametrize("allocation", ["even", "gain"])
-def test_gain_allocation_stops_serving_a_family_the_learner_expects_nothing_of(seed_items, tiny_scorer, allocation):
-    """With the learner sure word edits lose the lead and templates gain it, `gain` queries the text family once
-    (each family is searched) and gives the rest of the family slots to the templates; `even` keeps its turn."""
-    from flexsearch.engine.learner import ArmStats
-    from flexsearch.engine.loop import build_context
-    from flexsearch.engine.methods.learned import family_search
-
-    config = load_config("default", ["families=[persona, instruction, text]", "population=3", "family_share=1",
-                                     f"family_allocation={allocation}",
-                                     "constraints=[protected_spans, unique_positions, polarity_guard]"], budget=60)
-    ctx = build_context(config, tiny_scorer, "stereotype")
-    item = seed_items[0]
-    state = _state(item)
-    for arm, mean in (("textbugger", -1.0), ("persona", 0.5), ("instruction", 0.5)):
-        state.learner.arms[arm] = ArmStats(tries=10_000, gain_sum=10_000 * mean, gain_sq=10_000 * mean * mean)
-    clean = np.full(3, 0.1)
-    clean[item.gold] = 0.8
-    search = family_search(ctx, state)
-    state.record(next(search), clean[None])
-    text_queries = []
-    for _ in range(6):  # no success: every round keeps two family slots
-        request = search.send(None)
-        text_queries.append(sum(family_of(c) == "text" for c in request.candidates))
-        state.record(request, np.array([clean] * len(request.candidates)))
-    if allocation == "gain":
-        assert sum(text_queries) == 1
-    else:
-        assert sum(text_queries) >= 2
-
-
 def test_a_family_whose_success_repeats_the_archive_stays_open_for_rarer_templates_only(seed_items, tiny_scorer):
     from flexsearch.engine.loop import build_context
     from flexsearch.engine.methods.learned import family_search
@@ -260,7 +203,6 @@ def test_the_headline_ranks_a_proposal_lower_the_more_its_templates_hold_the_arc
     ("family_shares={text: 0.7, persona: 0.6}", "add up to 1.3"),
     ("family_shares={text: 0}", "a share of the budget is a number in (0, 1]"),
     ("family_shares=[0.5]", "expected a mapping of family to share"),
-    ("family_allocation=fair", "expected one of even, gain, got 'fair'"),
 ])
 def test_bad_family_settings_are_one_line_naming_the_option(setting, message):
     with pytest.raises(FlexsearchError) as err:

@@ -20,7 +20,6 @@ import numpy as np
 from flexsearch.data.candidate import SLOT_FIELDS, WORD_FIELDS, Candidate, chain_edits, templates_in_place
 
 FAMILIES = ("persona", "instruction", "text", "composition")
-FAMILY_ALLOCATIONS = ("even", "gain")  # how open families share an item's family slots (config.family_allocation)
 # FLEX's name of each family (its `attack` column); FLEX has no composition family, so ours keeps its own name.
 FLEX_NAMES = {"persona": "persona", "instruction": "refusal_suppression", "text": "text",
               "composition": "composition"}

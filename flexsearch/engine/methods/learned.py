@@ -55,8 +55,7 @@ class Learned:
     With `families` (DESIGN.md "Attack families") the round also serves each family still without a success, and
     the item's search goes on after its first success until every family has one or the budget is spent."""
 
-    reads = ("steps", "population", "family_share", "coverage", "headline_coverage", "leader_after",
-             "family_allocation")
+    reads = ("steps", "population", "family_share", "coverage", "headline_coverage", "leader_after")
 
     @staticmethod
     def search(ctx: SearchContext, state: ItemState) -> SearchMethod:
@@ -100,26 +99,10 @@ def open_families(ctx: SearchContext, state: ItemState) -> list[str]:
     already holds (a success with rarer templates would replace it: FamilyBest.better_than); within each, the least
     served first (queries spent on each), then in config order."""
     shares, budget = ctx.config.family_shares, state.budget
-    wanted = [f for f in ctx.config.families if (f not in shares or family_queries(state, f) < shares[f] * budget)
+    spent = {f: state.families[f].queries if f in state.families else 0 for f in ctx.config.families}
+    wanted = [f for f in ctx.config.families if (f not in shares or spent[f] < shares[f] * budget)
               and (not state.family_succeeded(f) or crowding(state, f) > 0)]
-    # stable: config order breaks ties
-    return sorted(wanted, key=lambda f: (state.family_succeeded(f), family_queries(state, f)))
-
-
-def family_queries(state: ItemState, family: str) -> int:
-    """The queries the item's search has spent in the family."""
-    return state.families[family].queries if family in state.families else 0
-
-
-def by_drawn_lead(state: ItemState, served: dict[str, list[tuple[float, int, Candidate]]]) -> list[str]:
-    """`family_allocation: gain`'s order of the open families: those without a success first, of them one not yet
-    queried on the item first (each family is searched), then the one whose best proposal has the highest drawn
-    expected lead (so a family the learner expects to pay gets the slots: text edits rarely do on a model that
-    yields to personas)."""
-    def key(family: str) -> tuple[bool, bool, float]:
-        best = served[family][0][0] if served[family] else -math.inf
-        return state.family_succeeded(family), family_queries(state, family) > 0, -best
-    return sorted(served, key=key)  # stable: open_families' order breaks ties
+    return sorted(wanted, key=lambda f: (state.family_succeeded(f), spent[f]))  # stable: config order breaks ties
 
 
 def crowding(state: ItemState, family: str) -> int:
@@ -214,8 +197,6 @@ def family_search(ctx: SearchContext, state: ItemState) -> SearchMethod:
                              if family == f and state.cell_fill(f, c) < ceiling[f]),
                             key=lambda t: (-t[0], t[1]))
                   for f in families if f not in {family_of(c) for c in chosen}}
-        if ctx.config.family_allocation == "gain":
-            served = {f: served[f] for f in by_drawn_lead(state, served)}
         while len(chosen) < population and served:  # then one proposal per open family in turn
             for f in list(served):
                 if len(chosen) == population:
