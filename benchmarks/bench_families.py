@@ -3,7 +3,8 @@
     python -m benchmarks.bench_learner --split test --items 48 --seed S --search METHOD --budget B
         # S 0, 1, 2; METHOD learned, learned-blind and learned-noleader at B 25, 40, 100, and random,
         # random-persona, random-instruction, random-text at 100 (read at the smaller budgets)
-    python -m benchmarks.bench_families --split test --items 48 --seeds 0 1 2 --budgets 25 40 100  # its section
+    python -m benchmarks.bench_families --split test --items 48 --seeds 0 1 2 --budgets 25 40 100 150  # its section
+        # (150: learned, learned-blind and learned-noleader searched at 150 too; random-* read where exact)
 
 Per seed, budget and method: the headline (union) ASR over the attack-eligible items with its Wilson interval, the
 ASR of each family's hardest prompt, and the width of the headline split and of the family split (diversity.py: the
