@@ -126,7 +126,7 @@ TRIED = {  # variants tried on the dev split and not kept (`--also`) → (what, 
     "learned-leaders2": ("two such proposals a round", "53a224c", PREVIOUS),
     "learned-fade": ("the headline's archive term weighted by the share of the budget left", "53a224c", PREVIOUS),
     "learned-allot": ("the open families' slots ordered by the drawn lead of each family's best proposal, each family "
-                      "queried once first (family_allocation gain)", "25dff61", "learned"),
+                      "queried once first: family_allocation gain", "25dff61", "learned"),
     "learned-allot5": ("the same with family_share 0.5", "25dff61", "learned"),
     "learned-screen25": ("a stricter screen, screen_lead -0.25", "25dff61", "learned"),
     "learned-screen0": ("screen_lead 0", "25dff61", "learned"),
@@ -237,15 +237,15 @@ def split_report(args: argparse.Namespace, encode: Encode) -> str:
         "then the narrower split's top template at 40. Only leader_after 0.5 passed (44/96 against 42/96; leaders1 "
         "and leaders2 broke the width goal at 40, fade did not add union ASR). headline_coverage was chosen on the "
         "dev split before it (benchmarks/EXPERIMENTS.md, 'Attack families on the dev split over seeds: the "
-        "headline's archive term'). Two recipes for the single families were tried there after it (stop 63), each by "
-        "a rule written down before its searches, and refused, so the default stays: the learner ordering the open "
+        "headline's archive term'). Two recipes for the single families were tried there after it (the same day), each "
+        "by a rule written down before its searches, and refused, so the default stays: the learner ordering the open "
         "families' slots (allot; allot5 with family_share 0.5), kept only with union ASR summed over both budgets at "
-        "least the default's 44/96, more than its 8 single-family successes and the width goals at both budgets: "
-        "union 42 and 41, single-family successes 9 and 9, the family split's top template at 25 and 40 0.29 and "
-        "0.26, 0.30 and 0.28 (refused: width); a stricter screen (screen25, screen0), kept only with union at least "
-        "44, single-family successes at least 8, their sum above 52 and the width goals at both budgets: union 45 "
-        "and 42, single-family successes 6 and 3 (refused: single families; screen0 also width). A random search's "
-        "outcome per item does not depend on its "
+        "least the default's 44/96, more than its 8 single-family successes and the width goals at both budgets: union "
+        "42 and 41, single-family successes 9 and 9, the family split's top template at 25 and 40 0.29 and 0.26, 0.30 "
+        "and 0.28 (refused: width); a stricter screen (screen25, screen0), kept only with union at least 44, "
+        "single-family successes at least 8, their sum above 52 and the width goals at both budgets: union 45 and 42, "
+        "single-family successes 6 and 3 (refused: single families; screen0 also width). A random search's outcome per "
+        "item does not depend on its "
         "budget, so a run searched at a larger budget is read at a smaller one (first success within it; 'searched "
         "at'), and one that no item's budget stopped (every item ended a whole prompt short of it: random-persona "
         "and random-instruction run out of templates) at a larger one; a learned search is read only at a budget it "
