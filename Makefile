@@ -108,8 +108,9 @@ test: lint setup-served
 	$(BIN)/python -m pytest -q --durations=30
 
 # Benchmarks against the peers (each writes its section of benchmarks/RESULTS.md). Needs ../shared/data/bbq.
-# The learner's grid (tune_learner, bench_learner, bench_families) is about 14 hours on 2 CPU cores, one search at a
-# time; its searches are independent processes, so two can run at once.
+# The learner's grid (tune_learner, bench_learner, bench_families) is about 20 hours on 2 CPU cores, one search at a
+# time (the 9 searches at budget 150 about 37 minutes each); its searches are independent processes, so two can run
+# at once.
 bench: setup-dev setup-served
 	$(BIN)/python -m benchmarks.bench_scoring
 	$(BIN)/python -m benchmarks.bench_prefix
@@ -131,9 +132,10 @@ bench: setup-dev setup-served
 			|| exit 1; done
 	$(BIN)/python -m benchmarks.bench_families --bbq $(BBQ) --split dev --items 48 --seeds 0 --budgets 25 40
 	for seed in 0 1 2; do for run in "learned --budget 10" "learned --budget 25" "learned --budget 40" \
-		"learned --budget 50" "learned --budget 100" "learned-blind --budget 25" "learned-blind --budget 40" \
-		"learned-blind --budget 100" "learned-noleader --budget 25" "learned-noleader --budget 40" \
-		"learned-noleader --budget 100" "learned-noscreen --budget 10" "learned-noscreen --budget 25" \
+		"learned --budget 50" "learned --budget 100" "learned --budget 150" "learned-blind --budget 25" \
+		"learned-blind --budget 40" "learned-blind --budget 100" "learned-blind --budget 150" \
+		"learned-noleader --budget 25" "learned-noleader --budget 40" "learned-noleader --budget 100" \
+		"learned-noleader --budget 150" "learned-noscreen --budget 10" "learned-noscreen --budget 25" \
 		"learned-noscreen --budget 50" "learned-noscreen --budget 100" "random --budget 100" \
 		"random-screen --budget 100" "beam --budget 100" "random-persona --budget 100" \
 		"random-instruction --budget 100" "random-text --budget 100" "prior --budget 100"; do \
@@ -141,7 +143,8 @@ bench: setup-dev setup-served
 			--search $$run || exit 1; done; done
 	$(BIN)/python -m benchmarks.bench_learner --bbq $(BBQ) --split test --items 48 --report --seeds 0 1 2 \
 		--budgets 10 25 40 50 100
-	$(BIN)/python -m benchmarks.bench_families --bbq $(BBQ) --split test --items 48 --seeds 0 1 2 --budgets 25 40 100
+	$(BIN)/python -m benchmarks.bench_families --bbq $(BBQ) --split test --items 48 --seeds 0 1 2 \
+		--budgets 25 40 100 150
 	$(BIN)/python -m benchmarks.bench_intervals
 	$(BIN)/python -m benchmarks.bench_gradient --bbq $(BBQ)
 
