@@ -72,6 +72,8 @@ SEARCHES: dict[str, tuple[str, list[str]]] = {  # method → (preset, overrides)
     "learned-narrow": ("default", ["headline_coverage=0"]),  # the family search before the headline's archive term
     "learned-headline2": ("default", ["headline_coverage=2"]),  # the archive term at twice the default's weight
     "learned-noleader": ("default", ["leader_after=1"]),  # the family search before the headline's late leader
+    # a family finds what breaks the item before the archive term ranks its proposals (tried on the dev split)
+    "learned-findfirst": ("default", ["coverage_until_success=false"]),
     "beam": ("beam", ["steps=100"]),
     "random": ("beam", RANDOM),
     "random-screen": ("beam", [*RANDOM, "screen_lead=-0.5"]),  # random with the default's pruning (issue 46)
