@@ -74,6 +74,8 @@ SEARCHES: dict[str, tuple[str, list[str]]] = {  # method → (preset, overrides)
     "learned-noleader": ("default", ["leader_after=1"]),  # the family search before the headline's late leader
     # a family finds what breaks the item before the archive term ranks its proposals (tried on the dev split)
     "learned-findfirst": ("default", ["coverage_until_success=false"]),
+    # word edits alone served only while under 5% of the item's budget (tried on the dev split)
+    "learned-text05": ("default", ["family_shares={text: 0.05}"]),
     "beam": ("beam", ["steps=100"]),
     "random": ("beam", RANDOM),
     "random-screen": ("beam", [*RANDOM, "screen_lead=-0.5"]),  # random with the default's pruning (issue 46)
