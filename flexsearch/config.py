@@ -64,9 +64,6 @@ class SearchConfig:
     families: list[Any] = field(default_factory=lambda: list(FAMILIES))
     family_shares: dict[str, Any] = field(default_factory=dict)  # family → fixed share of each item's budget
     coverage: float = 0.5  # within a family, how much a template family's share of the archive cell lowers its rank
-    # whether that term ranks a family's proposals before the family's first success on the item too; false: the
-    # family first finds what breaks the item (expected lead alone), then looks for a success with rarer templates
-    coverage_until_success: bool = True
     # before an item's first success, how much a headline proposal's archive share (its family cell) lowers its rank:
     # the headline's first success becomes its family's, so a headline that repeats the leader narrows the split
     headline_coverage: float = 1.0

@@ -197,41 +197,6 @@ def test_the_headline_ranks_a_proposal_lower_the_more_its_templates_hold_the_arc
     assert with_leader[0] == [leader] and with_leader[1:] == headline_picks(1.0, leader)[:3]  # then the archive's order
 
 
-@pytest.mark.parametrize("until_success", [True, False])
-def test_the_family_archive_term_can_wait_for_the_familys_first_success(seed_items, tiny_scorer, until_success):
-    """`coverage_until_success: false`: before the family's first success on the item its proposals rank by expected
-    lead alone, so the template the archive crowds is not pushed down; the default ranks it below the rest."""
-    from flexsearch.engine.loop import build_context
-    from flexsearch.engine.methods.learned import family_search
-
-    item = seed_items[0]
-    clean = np.full(3, 0.1)
-    clean[item.gold] = 0.8
-
-    def persona_picks(crowded: str | None) -> list[list[str]]:
-        config = load_config("default", ["families=[persona]", "population=4", "coverage=1",
-                                         "operators=[{name: persona, n: 2}, {name: instruction, n: 2}]",
-                                         f"coverage_until_success={str(until_success).lower()}"], budget=60)
-        state = _state(item)
-        if crowded:
-            state.learner.archive.cells[(item.category, "persona", crowded)] = 3
-        search = family_search(build_context(config, tiny_scorer, "stereotype"), state)
-        root = next(search).candidates[0]
-        state.record(Request([root]), clean[None])
-        state.record(Request([_instruction(root)]), np.eye(3)[item.target][None])  # the headline's success
-        assert state.succeeded and not state.family_succeeded("persona")
-        picks = search.send(None).candidates  # every slot serves the one open family
-        assert all(family_of(c) == "persona" for c in picks)
-        return [templates_of(c) for c in picks]
-
-    unmoved = persona_picks(None)
-    leader = unmoved[0][0]
-    if until_success:
-        assert [leader] not in persona_picks(leader)  # the one crowded template of the cell: ranked below the rest
-    else:
-        assert persona_picks(leader) == unmoved  # the archive does not move the family before its first success
-
-
 @pytest.mark.parametrize(("setting", "message"), [
     ("families=[persona, txt]", "unknown attack family 'txt' (did you mean 'text'?)"),
     ("families=[persona, persona]", "names a family twice"),

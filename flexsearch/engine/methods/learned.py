@@ -55,8 +55,7 @@ class Learned:
     With `families` (DESIGN.md "Attack families") the round also serves each family still without a success, and
     the item's search goes on after its first success until every family has one or the budget is spent."""
 
-    reads = ("steps", "population", "family_share", "coverage", "coverage_until_success", "headline_coverage",
-             "leader_after")
+    reads = ("steps", "population", "family_share", "coverage", "headline_coverage", "leader_after")
 
     @staticmethod
     def search(ctx: SearchContext, state: ItemState) -> SearchMethod:
@@ -193,9 +192,7 @@ def family_search(ctx: SearchContext, state: ItemState) -> SearchMethod:
                 chosen.append(found)
         headline_picks = list(chosen)
         ceiling = {f: crowding(state, f) if state.family_succeeded(f) else math.inf for f in families}
-        weight = {f: ctx.config.coverage if ctx.config.coverage_until_success or state.family_succeeded(f) else 0.0
-                  for f in families}
-        served = {f: sorted(((v - weight[f] * archive.share(category, f, templates_of(c)), order, c)
+        served = {f: sorted(((v - ctx.config.coverage * archive.share(category, f, templates_of(c)), order, c)
                              for v, order, c, family in expected.values()
                              if family == f and state.cell_fill(f, c) < ceiling[f]),
                             key=lambda t: (-t[0], t[1]))
