@@ -72,8 +72,6 @@ SEARCHES: dict[str, tuple[str, list[str]]] = {  # method → (preset, overrides)
     "learned-narrow": ("default", ["headline_coverage=0"]),  # the family search before the headline's archive term
     "learned-headline2": ("default", ["headline_coverage=2"]),  # the archive term at twice the default's weight
     "learned-noleader": ("default", ["leader_after=1"]),  # the family search before the headline's late leader
-    # word edits alone served only while under 5% of the item's budget (tried on the dev split)
-    "learned-text05": ("default", ["family_shares={text: 0.05}"]),
     "beam": ("beam", ["steps=100"]),
     "random": ("beam", RANDOM),
     "random-screen": ("beam", [*RANDOM, "screen_lead=-0.5"]),  # random with the default's pruning (issue 46)
