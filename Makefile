@@ -109,7 +109,7 @@ test: lint setup-served
 
 # Benchmarks against the peers (each writes its section of benchmarks/RESULTS.md). Needs ../shared/data/bbq.
 # The learner's grid (tune_learner, bench_learner, bench_families) is about 20 hours on 2 CPU cores, one search at a
-# time (the 9 searches at budget 150 about 37 minutes each); its searches are independent processes, so two can run
+# time (a search at budget 150 up to about 37 minutes); its searches are independent processes, so two can run
 # at once.
 bench: setup-dev setup-served
 	$(BIN)/python -m benchmarks.bench_scoring
